@@ -1,0 +1,137 @@
+"""Single-node test models and their comparison with ONNX Runtime or onnx.reference.
+
+    check_node("Gemm", {"A": a, "B": b}, {"transA": 1}, opset=13)
+
+builds a one-node model, runs it through `transmuter.run` (eager) and `transmuter.compile`, and
+compares every output with ONNX Runtime (graph optimizations off) or, with reference="onnx",
+with `onnx.reference`. Inputs named in `constants` become initializers, as the values that decide
+shapes (Reshape's shape, Slice's starts) are in real exports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import transmuter
+from transmuter import dtypes
+
+DEFAULT_OPSET = 21
+
+
+def make_node_model(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+    domain: str = "",
+    outputs: Sequence[str] | int = 1,
+    constants: Sequence[str] = (),
+    input_names: Sequence[str] | None = None,
+    symbolic: Mapping[str, Sequence[int]] | None = None,
+) -> onnx.ModelProto:
+    """A model with one node. `inputs` maps names to arrays (None for an absent optional input);
+    `input_names` gives the node's input order if it differs. `symbolic` marks axes of inputs
+    as named dims ({"X": [0]} makes X's first dim 'batch0')."""
+    names = list(input_names) if input_names is not None else list(inputs)
+    out_names = [f"out{i}" for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
+    node = helper.make_node(
+        op_type, [n if inputs.get(n) is not None else "" for n in names], out_names,
+        domain=domain, **(attrs or {})
+    )
+    graph_inputs, initializers = [], []
+    for name in names:
+        value = inputs.get(name)
+        if value is None:
+            continue
+        value = np.asarray(value)
+        if name in constants:
+            initializers.append(onnx.numpy_helper.from_array(value, name))
+            continue
+        shape: list[Any] = list(value.shape)
+        for axis in (symbolic or {}).get(name, ()):
+            shape[axis] = f"batch{axis}"
+        graph_inputs.append(helper.make_tensor_value_info(name, dtypes.to_onnx(value.dtype), shape))
+    graph_outputs = [helper.make_value_info(n, onnx.TypeProto()) for n in out_names if n]
+    graph = helper.make_graph([node], f"{op_type}_test", graph_inputs, graph_outputs, initializers)
+    opsets = [helper.make_opsetid("", opset if not domain else 21)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, 1 if domain == "com.microsoft" else opset))
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model
+
+
+def feeds(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    graph_inputs = {i.name for i in model.graph.input}
+    return {k: np.asarray(v) for k, v in inputs.items() if k in graph_inputs and v is not None}
+
+
+def ort_run(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds(model, inputs))
+
+
+def reference_run(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    return list(ReferenceEvaluator(model).run(None, feeds(model, inputs)))
+
+
+def transmuter_runs(model: onnx.ModelProto, inputs: Mapping[str, Any], *, compiled: bool = True):
+    """Outputs of `transmuter.run` (eager) and, if `compiled`, of `transmuter.compile`."""
+    loaded = transmuter.load(model)
+    data = feeds(model, inputs)
+    runs = {"eager": transmuter.run(loaded, data)}
+    if compiled:
+        runs["compiled"] = transmuter.compile(loaded, data)(data)
+    return {mode: [out[name] for name in loaded.outputs] for mode, out in runs.items()}
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float, atol: float, what: str) -> None:
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    if expected.dtype == object or expected.dtype.kind in "biu":
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+    else:
+        np.testing.assert_allclose(
+            actual.astype(np.float64) if expected.dtype.kind != "c" else actual,
+            expected.astype(np.float64) if expected.dtype.kind != "c" else expected,
+            rtol=rtol, atol=atol, err_msg=what, equal_nan=True,
+        )
+
+
+def check_node(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+    reference: str = "ort",
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    compiled: bool = True,
+    **model_options: Any,
+) -> list[np.ndarray]:
+    """Run one node through Transmuter (eager and compiled) and the reference; assert equal
+    dtypes, shapes and values. Returns the reference outputs."""
+    model = make_node_model(op_type, inputs, attrs, opset=opset, **model_options)
+    expected = ort_run(model, inputs) if reference == "ort" else reference_run(model, inputs)
+    for mode, outputs in transmuter_runs(model, inputs, compiled=compiled).items():
+        assert len(outputs) == len(expected), f"{mode}: {len(outputs)} outputs, expected {len(expected)}"
+        for i, (got, want) in enumerate(zip(outputs, expected)):
+            assert_close(got, want, rtol=rtol, atol=atol, what=f"{op_type} output {i} ({mode})")
+    return expected

@@ -1,0 +1,79 @@
+"""The one table between ONNX element types and numpy/JAX dtypes, and the 64-bit policy.
+
+ONNX element types are integers in `TensorProto.DataType`; they are written out here so that only
+the front end imports onnx (tests check the table against onnx's own).
+
+64-bit policy: ONNX computes in int64 and float64 where it says so, and JAX narrows both to 32 bits
+unless x64 is enabled. Transmuter traces and runs every graph inside `jax.enable_x64(True)`, scoped
+to its own calls, so a user's process keeps its setting (`transmuter.runtime.x64_scope`).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+ONNX_TO_NUMPY: dict[int, np.dtype] = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.uint8),
+    3: np.dtype(np.int8),
+    4: np.dtype(np.uint16),
+    5: np.dtype(np.int16),
+    6: np.dtype(np.int32),
+    7: np.dtype(np.int64),
+    8: np.dtype(object),  # string tensors live on the host as numpy object arrays
+    9: np.dtype(np.bool_),
+    10: np.dtype(np.float16),
+    11: np.dtype(np.float64),
+    12: np.dtype(np.uint32),
+    13: np.dtype(np.uint64),
+    14: np.dtype(np.complex64),
+    15: np.dtype(np.complex128),
+    16: np.dtype(ml_dtypes.bfloat16),
+    17: np.dtype(ml_dtypes.float8_e4m3fn),
+    18: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    19: np.dtype(ml_dtypes.float8_e5m2),
+    20: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    21: np.dtype(ml_dtypes.uint4),
+    22: np.dtype(ml_dtypes.int4),
+    23: np.dtype(ml_dtypes.float4_e2m1fn),
+    24: np.dtype(ml_dtypes.float8_e8m0fnu),
+    25: np.dtype(ml_dtypes.uint2),
+    26: np.dtype(ml_dtypes.int2),
+}
+
+NUMPY_TO_ONNX: dict[np.dtype, int] = {dtype: code for code, dtype in ONNX_TO_NUMPY.items()}
+
+ONNX_NAMES: dict[int, str] = {
+    1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    8: "string", 9: "bool", 10: "float16", 11: "double", 12: "uint32", 13: "uint64",
+    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz",
+    19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1",
+    24: "float8e8m0", 25: "uint2", 26: "int2",
+}  # fmt: skip
+
+
+def from_onnx(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX element type; a clear error for one we do not know."""
+    try:
+        return ONNX_TO_NUMPY[elem_type]
+    except KeyError:
+        raise ValueError(f"ONNX element type {elem_type} is not supported") from None
+
+
+def to_onnx(dtype) -> int:
+    """The ONNX element type of a numpy/JAX dtype."""
+    try:
+        return NUMPY_TO_ONNX[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"dtype {np.dtype(dtype)} has no ONNX element type") from None
+
+
+def is_float(dtype) -> bool:
+    """True for real floating types, half, bfloat16 and float8/float4 included."""
+    dtype = np.dtype(dtype)
+    return np.issubdtype(dtype, np.floating) or dtype in _ML_FLOATS
+
+
+_ML_FLOATS = {ONNX_TO_NUMPY[c] for c in (16, 17, 18, 19, 20, 23, 24)}
+

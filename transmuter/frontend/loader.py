@@ -1,0 +1,267 @@
+"""ONNX protobuf -> transmuter.ir. The only module of Transmuter that imports onnx."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.inliner
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from transmuter import dtypes, ir
+from transmuter.errors import ModelLoadError
+
+
+
+def load_model(source) -> ir.Model:
+    """Read an ONNX model from a path, bytes or a ModelProto into the IR.
+
+    External-data tensors are memory-mapped from files beside the model; a location that leaves
+    the model's folder is refused.
+    """
+    proto, base_dir = _read_proto(source)
+    if not proto.HasField("graph"):
+        raise ModelLoadError("the ONNX model has no graph (is the file complete?)")
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    opsets = {_domain(o.domain): o.version for o in proto.opset_import}
+    if "" not in opsets and proto.ir_version >= 3:
+        raise ModelLoadError("the model imports no ai.onnx opset")
+    graph = _Converter(base_dir).graph(proto.graph, outer=set())
+    return ir.Model(
+        graph=graph,
+        opsets=opsets,
+        ir_version=proto.ir_version,
+        producer=f"{proto.producer_name} {proto.producer_version}".strip(),
+        metadata={p.key: p.value for p in proto.metadata_props},
+    )
+
+
+def _read_proto(source) -> tuple[onnx.ModelProto, Path | None]:
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _parse(bytes(source), "the given bytes"), None
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise ModelLoadError(f"no ONNX file at {str(path)!r}")
+        return _parse(path.read_bytes(), str(path)), path.resolve().parent
+    raise TypeError(
+        f"cannot load a model from {type(source).__name__}: give a path, bytes or onnx.ModelProto"
+    )
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"{what} is not a valid ONNX model (corrupt or truncated): {exc}") from None
+    return proto
+
+
+def _domain(name: str) -> str:
+    return "" if name == "ai.onnx" else name
+
+
+class _Converter:
+    def __init__(self, base_dir: Path | None):
+        self.base_dir = base_dir
+
+    def graph(self, g: onnx.GraphProto, outer: set[str]) -> ir.Graph:
+        initializers = {t.name: self.tensor(t) for t in g.initializer}
+        for sparse in g.sparse_initializer:
+            initializers[sparse.values.name] = self.sparse_tensor(sparse)
+        inputs = [self.value_info(v) for v in g.input if v.name not in initializers]
+        defined = set(outer) | {v.name for v in inputs} | set(initializers)
+        # A subgraph may read any value of the enclosing scopes; its own sort needs to know them.
+        scope = defined | {o for n in g.node for o in n.output}
+        nodes = [self.node(n, scope) for n in g.node]
+        nodes = _topological_order(nodes, defined, g.name)
+        produced = defined | {o for n in nodes for o in n.outputs}
+        for out in g.output:
+            if out.name not in produced:
+                raise ModelLoadError(f"graph {g.name!r} output {out.name!r} is never computed")
+        return ir.Graph(
+            nodes=nodes,
+            inputs=inputs,
+            outputs=[self.value_info(v) for v in g.output],
+            initializers=initializers,
+            value_info={v.name: self.value_info(v) for v in g.value_info},
+            name=g.name,
+        )
+
+    def node(self, n: onnx.NodeProto, scope: set[str]) -> ir.Node:
+        attrs: dict[str, Any] = {}
+        for a in n.attribute:
+            if a.ref_attr_name:
+                raise ModelLoadError(f"node {n.name!r} refers to a function attribute outside a function")
+            attrs[a.name] = self.attribute(a, scope)
+        return ir.Node(
+            op_type=n.op_type,
+            domain=_domain(n.domain),
+            inputs=tuple(n.input),
+            outputs=tuple(n.output),
+            attrs=attrs,
+            name=n.name,
+        )
+
+    def attribute(self, a: onnx.AttributeProto, scope: set[str]) -> Any:
+        kind = onnx.AttributeProto
+        match a.type:
+            case kind.FLOAT:
+                return float(a.f)
+            case kind.INT:
+                return int(a.i)
+            case kind.STRING:
+                return a.s.decode("utf-8")
+            case kind.TENSOR:
+                return self.tensor(a.t)
+            case kind.SPARSE_TENSOR:
+                return self.sparse_tensor(a.sparse_tensor)
+            case kind.GRAPH:
+                return self.graph(a.g, scope)
+            case kind.TYPE_PROTO:
+                return _value_type(a.tp)
+            case kind.FLOATS:
+                return tuple(float(v) for v in a.floats)
+            case kind.INTS:
+                return tuple(int(v) for v in a.ints)
+            case kind.STRINGS:
+                return tuple(v.decode("utf-8") for v in a.strings)
+            case kind.TENSORS:
+                return tuple(self.tensor(t) for t in a.tensors)
+            case kind.GRAPHS:
+                return tuple(self.graph(g, scope) for g in a.graphs)
+            case kind.SPARSE_TENSORS:
+                return tuple(self.sparse_tensor(t) for t in a.sparse_tensors)
+            case kind.TYPE_PROTOS:
+                return tuple(_value_type(t) for t in a.type_protos)
+        raise ModelLoadError(f"attribute {a.name!r} has an unknown type {a.type}")
+
+    def tensor(self, t: onnx.TensorProto) -> np.ndarray:
+        try:
+            dtype = dtypes.from_onnx(t.data_type)
+        except ValueError as exc:
+            raise ModelLoadError(f"tensor {t.name!r}: {exc}") from None
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return self.external_tensor(t, dtype)
+        try:
+            array = numpy_helper.to_array(t)
+        except Exception as exc:  # onnx raises several types for inconsistent tensors
+            raise ModelLoadError(f"tensor {t.name!r} cannot be decoded: {exc}") from None
+        return array.astype(dtype, copy=False)
+
+    def external_tensor(self, t: onnx.TensorProto, dtype: np.dtype) -> np.ndarray:
+        info = {e.key: e.value for e in t.external_data}
+        if self.base_dir is None:
+            raise ModelLoadError(
+                f"tensor {t.name!r} keeps its data in {info.get('location')!r}: load the model "
+                "from its file path so the data file can be found beside it"
+            )
+        path = (self.base_dir / info.get("location", "")).resolve()
+        if not path.is_relative_to(self.base_dir) or path == self.base_dir:
+            raise ModelLoadError(
+                f"tensor {t.name!r}: external data location {info.get('location')!r} is outside "
+                f"the model's folder {str(self.base_dir)!r}; refusing to read it"
+            )
+        if not path.is_file():
+            raise ModelLoadError(f"tensor {t.name!r}: external data file {str(path)!r} is missing")
+        offset = int(info.get("offset", 0))
+        shape = tuple(int(d) for d in t.dims)
+        count = int(np.prod(shape, dtype=np.int64))
+        packed = dtype.itemsize == 1 and dtype.name in _SUB_BYTE
+        nbytes = (count * _SUB_BYTE[dtype.name] + 7) // 8 if packed else count * dtype.itemsize
+        length = int(info.get("length", nbytes))
+        if length < nbytes or offset + length > path.stat().st_size:
+            raise ModelLoadError(
+                f"tensor {t.name!r}: external data file {path.name!r} holds fewer bytes than "
+                f"shape {shape} of {dtype.name} needs (truncated?)"
+            )
+        if packed:  # sub-byte types are unpacked by onnx; read the bytes, then decode
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            del copy.external_data[:]
+            copy.data_location = onnx.TensorProto.DEFAULT
+            with open(path, "rb") as f:
+                f.seek(offset)
+                copy.raw_data = f.read(length)
+            return numpy_helper.to_array(copy).astype(dtype, copy=False)
+        if count == 0:
+            return np.zeros(shape, dtype)
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
+        return data.view(dtype).reshape(shape)
+
+    def sparse_tensor(self, s: onnx.SparseTensorProto) -> np.ndarray:
+        values = self.tensor(s.values)
+        indices = self.tensor(s.indices)
+        shape = tuple(int(d) for d in s.dims)
+        dense = np.zeros(shape, values.dtype)
+        if indices.ndim == 1:  # linearized indices
+            dense.reshape(-1)[indices] = values
+        else:
+            dense[tuple(indices.T)] = values
+        return dense
+
+    def value_info(self, v: onnx.ValueInfoProto) -> ir.ValueInfo:
+        value_type = _value_type(v.type, v.name) if v.HasField("type") else None
+        return ir.ValueInfo(v.name, value_type)
+
+
+_SUB_BYTE = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+
+
+def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:
+    which = tp.WhichOneof("value")
+    if which == "tensor_type" or which == "sparse_tensor_type":
+        tt = getattr(tp, which)
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(_dim(d, owner, i) for i, d in enumerate(tt.shape.dim))
+        return ir.TensorType(dtypes.from_onnx(tt.elem_type), shape) if tt.elem_type else None
+    if which == "sequence_type":
+        return ir.SequenceType(_value_type(tp.sequence_type.elem_type, owner))
+    if which == "optional_type":
+        return ir.OptionalType(_value_type(tp.optional_type.elem_type, owner))
+    return None
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> ir.Dim:
+    if d.HasField("dim_value"):
+        return int(d.dim_value)
+    if d.dim_param:
+        return ir.SymbolicDim(d.dim_param)
+    return ir.SymbolicDim(f"{owner}_dim{axis}")  # an unnamed dim gets a fresh, stable name
+
+
+def _topological_order(nodes: list[ir.Node], defined: set[str], graph: str) -> list[ir.Node]:
+    """The nodes in an order where each reads only values defined before it. ONNX requires files
+    to be sorted already; some are not, so sort them (stably) rather than fail."""
+    available = set(defined)
+    ordered: list[ir.Node] = []
+    pending = list(nodes)
+    while pending:
+        waiting = []
+        for node in pending:
+            needed = {i for i in node.inputs if i}
+            for sub in ir.subgraphs(node):
+                needed |= sub.outer_names
+            if needed <= available:
+                ordered.append(node)
+                available.update(o for o in node.outputs if o)
+            else:
+                waiting.append(node)
+        if len(waiting) == len(pending):
+            node = waiting[0]
+            missing = sorted({i for i in node.inputs if i} - available)
+            raise ModelLoadError(
+                f"graph {graph!r}: node {node.label!r} ({node.op_type}) reads {missing}, which no "
+                "input, initializer or node defines (or the graph has a cycle)"
+            )
+        pending = waiting
+    return ordered

@@ -1,0 +1,1 @@
+"""com.microsoft operators (ONNX Runtime's contrib ops), as Hugging Face exports use them."""

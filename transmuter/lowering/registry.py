@@ -1,0 +1,114 @@
+"""The operator registry: one JAX function per (domain, op type, since-version).
+
+Lookup takes the highest registered since-version <= the model's opset for that domain. Domains
+never fall back to one another: a com.microsoft op is looked up in com.microsoft only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from transmuter.errors import UnsupportedOpError
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A registered lowering and what it needs from the runtime.
+
+    host_inputs: positional input index -> why the op needs it as a concrete value ("the target
+    shape"). A device value there is a graph break under `transmuter.compile`.
+    data_dependent: the output shape depends on input values (NonZero), so every input is needed
+    on the host.
+    context: the function takes an `OpContext` as its first argument.
+    random: draws from the runtime's random key, so it is never folded on the host.
+    """
+
+    domain: str
+    op_type: str
+    since: int
+    fn: Callable
+    host_inputs: dict[int, str]
+    data_dependent: bool
+    context: bool
+    random: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain or 'ai.onnx'}::{self.op_type}-{self.since}"
+
+
+_REGISTRY: dict[tuple[str, str], dict[int, OpDef]] = {}
+
+
+def op(
+    op_type: str,
+    since: int | Iterable[int],
+    *,
+    domain: str = "",
+    host_inputs: dict[str, str] | None = None,
+    data_dependent: bool = False,
+    context: bool = False,
+    random: bool = False,
+) -> Callable[[Callable], Callable]:
+    """Register `fn` as the lowering of `op_type` for each since-version in `since`.
+
+    host_inputs maps parameter names of `fn` to the reason the value must be concrete, e.g.
+    `host_inputs={"shape": "the target shape"}`.
+    """
+    versions = (since,) if isinstance(since, int) else tuple(since)
+    domain = "" if domain == "ai.onnx" else domain
+
+    def register(fn: Callable) -> Callable:
+        indices = _input_indices(fn, host_inputs or {}, context)
+        for version in versions:
+            versions_of = _REGISTRY.setdefault((domain, op_type), {})
+            if version in versions_of:
+                raise ValueError(f"{domain or 'ai.onnx'}::{op_type}-{version} is registered twice")
+            versions_of[version] = OpDef(
+                domain, op_type, version, fn, indices, data_dependent, context, random
+            )
+        return fn
+
+    return register
+
+
+def _input_indices(fn: Callable, host_inputs: dict[str, str], context: bool) -> dict[int, str]:
+    params = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if context:
+        params = params[1:]
+    indices = {}
+    for name, reason in host_inputs.items():
+        if name not in params:
+            raise ValueError(f"{fn.__name__} has no positional input {name!r} to declare as host")
+        indices[params.index(name)] = reason
+    return indices
+
+
+def lookup(domain: str, op_type: str, opset: int, node: str = "") -> OpDef:
+    """The lowering for a node of `op_type` in a model importing `domain` at `opset`."""
+    domain = "" if domain == "ai.onnx" else domain
+    versions_of = _REGISTRY.get((domain, op_type))
+    if not versions_of:
+        raise UnsupportedOpError(domain, op_type, opset, node, "no lowering is registered")
+    since = sorted(versions_of)
+    position = bisect.bisect_right(since, opset)
+    if position == 0:
+        raise UnsupportedOpError(
+            domain, op_type, opset, node, f"the earliest supported version is {since[0]}"
+        )
+    return versions_of[since[position - 1]]
+
+
+def registered() -> Iterator[OpDef]:
+    """Every registered lowering, ordered by domain, op type and since-version."""
+    for key in sorted(_REGISTRY):
+        versions_of = _REGISTRY[key]
+        for version in sorted(versions_of):
+            yield versions_of[version]

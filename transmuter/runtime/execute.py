@@ -1,0 +1,74 @@
+"""`run`: evaluate a model's graph on given inputs, eagerly or inside the caller's trace."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transmuter.errors import InputError
+from transmuter.runtime.interpreter import Interpreter
+
+
+def x64_scope():
+    """The context every trace and call of a Transmuter graph runs in: 64-bit types enabled,
+    scoped to Transmuter's own work so the caller's setting is left alone."""
+    return jax.enable_x64(True)
+
+
+def run(model, inputs: Mapping[str, Any], *, params: Mapping[str, Any] | None = None,
+        key: Any = None) -> dict[str, Any]:
+    """Evaluate `model` on `inputs` (name -> array-like); returns name -> array.
+
+    Pure: call it eagerly, or inside `jax.jit`, `jax.vmap` and `jax.grad` (differentiate with
+    respect to `params`, a dict like `model.params`). `key` is a PRNG key for random operators.
+    """
+    arrays = model.check_inputs(inputs)
+    with x64_scope():
+        return evaluate(model, _on_device(arrays), _check_params(model, params), model.device_constants, key)
+
+
+def evaluate(model, inputs: Mapping[str, Any], params: Mapping[str, Any],
+             device_constants: Mapping[str, Any], key: Any = None) -> dict[str, Any]:
+    """The graph walk shared by `run` and the compiled runtime. Call inside `x64_scope`."""
+    env: dict[str, Any] = dict(model.host_constants)
+    env.update(device_constants)
+    env.update(params)
+    env.update(inputs)
+    values = Interpreter(model.plan, key).run(model.plan, env)
+    return {name: _as_output(v) for name, v in zip(model.outputs, values)}
+
+
+def _on_device(arrays: Mapping[str, Any]) -> dict[str, Any]:
+    # String tensors stay numpy object arrays: they only live on the host.
+    return {
+        k: v if isinstance(v, np.ndarray) and v.dtype == object else
+        v if not isinstance(v, (np.ndarray, jax.Array)) else jnp.asarray(v)
+        for k, v in arrays.items()
+    }
+
+
+def _check_params(model, params: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if params is None:
+        return model.params
+    if not isinstance(params, Mapping) or set(params) != set(model.params):
+        given = set(params) if isinstance(params, Mapping) else type(params).__name__
+        missing = sorted(set(model.params) - set(given)) if isinstance(given, set) else []
+        extra = sorted(set(given) - set(model.params)) if isinstance(given, set) else []
+        raise InputError(
+            f"params must have exactly the keys of model.params (missing {missing[:5]}, "
+            f"unknown {extra[:5]}); got {given if not isinstance(given, set) else len(given)} entries"
+        )
+    return params
+
+
+def _as_output(value: Any) -> Any:
+    """Host results become JAX arrays like every other output; strings stay numpy."""
+    if isinstance(value, list):
+        return [_as_output(v) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return jnp.asarray(value)
+    return value

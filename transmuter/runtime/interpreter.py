@@ -1,0 +1,194 @@
+"""The interpreter: walks a graph's sorted nodes and calls each operator's JAX function.
+
+Values are of two kinds (see DESIGN.md): host values (numpy arrays, lists of them, None), known
+while tracing, and device values (JAX arrays or tracers). A node whose inputs are all host values
+is evaluated on the host, so shape arithmetic stays concrete under `jax.jit`; an input that an
+operator declares as host-needed is converted to a host value, or, when it is a tracer, raises
+HostValueNeeded (the point where the compiling runtime breaks the graph).
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from transmuter import ir
+from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
+from transmuter.lowering import OpContext, OpDef, lookup
+
+
+@dataclass
+class Step:
+    node: ir.Node
+    opdef: OpDef
+    opset: int
+
+
+@dataclass
+class Plan:
+    """A graph with every node resolved to its lowering, subgraphs included. Built once per model
+    so that running a graph does no lookups."""
+
+    graph: ir.Graph
+    steps: list[Step]
+    subplans: dict[int, Plan]  # id(ir.Graph) -> Plan for every subgraph at any depth; shared
+
+    @classmethod
+    def build(cls, graph: ir.Graph, opsets: Mapping[str, int]) -> Plan:
+        unsupported: list[UnsupportedOpError] = []
+        plan = cls._build(graph, opsets, unsupported, {})
+        if len(unsupported) == 1:
+            raise unsupported[0]
+        if unsupported:
+            first = unsupported[0]
+            kinds = sorted({f"{e.domain or 'ai.onnx'}::{e.op_type}" for e in unsupported})
+            raise UnsupportedOpError(
+                first.domain, first.op_type, first.opset, first.node,
+                f"{len(unsupported)} nodes use unsupported operators: {', '.join(kinds)}",
+            )
+        return plan
+
+    @classmethod
+    def _build(cls, graph, opsets, unsupported, subplans) -> Plan:
+        plan = cls(graph, [], subplans)
+        for node in graph.nodes:
+            opset = opsets.get(node.domain)
+            try:
+                if opset is None:
+                    raise UnsupportedOpError(
+                        node.domain, node.op_type, 0, node.label,
+                        f"the model imports no opset for domain {node.domain!r}",
+                    )
+                opdef = lookup(node.domain, node.op_type, opset, node.label)
+                plan.steps.append(Step(node, opdef, opset))
+            except UnsupportedOpError as exc:
+                unsupported.append(exc)
+            for sub in ir.subgraphs(node):
+                subplans[id(sub)] = cls._build(sub, opsets, unsupported, subplans)
+        return plan
+
+
+def is_host(value: Any) -> bool:
+    """True for values known on the host: numpy arrays, None, and lists of host values."""
+    if value is None or isinstance(value, np.ndarray):
+        return True
+    if isinstance(value, list):
+        return all(is_host(v) for v in value)
+    return False
+
+
+def to_host(value: Any) -> Any:
+    """A concrete value as numpy (lists element-wise); tracers are returned unchanged."""
+    if isinstance(value, jax.core.Tracer) or value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list):
+        return [to_host(v) for v in value]
+    if isinstance(value, jax.Array):
+        return np.asarray(value)
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        return np.asarray(value)
+    return value
+
+
+def _is_traced(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_is_traced(v) for v in value)
+    return isinstance(value, jax.core.Tracer)
+
+
+class Interpreter:
+    """Evaluates plans. One instance per call: it owns the call's random-key stream."""
+
+    def __init__(self, root: Plan, key: Any = None):
+        self.root = root
+        self.key = key
+        self.draws = 0
+
+    def run(self, plan: Plan, env: MutableMapping[str, Any]) -> list[Any]:
+        for step in plan.steps:
+            self.step(step, env)
+        return [env[v.name] for v in plan.graph.outputs]
+
+    def run_graph(self, graph: ir.Graph, inputs: Sequence[Any], outer: Mapping[str, Any]) -> list[Any]:
+        plan = self.root.subplans[id(graph)]
+        local = dict(zip((v.name for v in graph.inputs), inputs))
+        local.update(graph.initializers)  # subgraph initializers are small constants
+        return self.run(plan, ChainMap(local, outer))
+
+    def next_key(self) -> Any:
+        if self.key is None:
+            raise TransmuterError("this graph has random operators: pass a PRNG key to run them")
+        self.draws += 1
+        return jax.random.fold_in(self.key, self.draws)
+
+    def step(self, step: Step, env: MutableMapping[str, Any]) -> None:
+        node, opdef = step.node, step.opdef
+        args = []
+        for name in node.inputs:
+            if name and name not in env:
+                raise NodeError(f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value")
+            args.append(env[name] if name else None)
+        needs_host = range(len(args)) if opdef.data_dependent else opdef.host_inputs
+        for index in needs_host:
+            if index < len(args) and args[index] is not None:
+                if _is_traced(args[index]):
+                    reason = opdef.host_inputs.get(index, "its input values (the output shape depends on them)")
+                    raise HostValueNeeded(node.label, node.op_type, node.inputs[index], reason)
+                args[index] = to_host(args[index])
+        if opdef.context:
+            ctx = OpContext(node, step.opset, lambda g, xs: self.run_graph(g, xs, env), self.next_key)
+            args.insert(0, ctx)
+        on_host = not opdef.random and all(is_host(a) for a in args if not isinstance(a, OpContext))
+        try:
+            if on_host:
+                with jax.ensure_compile_time_eval():
+                    result = opdef.fn(*args, **node.attrs)
+                result = _outputs(result, on_host=True)
+            else:
+                result = _outputs(result=opdef.fn(*args, **node.attrs), on_host=False)
+        except TransmuterError:
+            raise
+        except Exception as exc:
+            raise NodeError(_failure(step, args, exc)) from exc
+        if len(result) < sum(1 for o in node.outputs if o):
+            raise NodeError(
+                f"node {node.label!r} ({opdef.name}) lists {len(node.outputs)} outputs but the "
+                f"lowering produced {len(result)}"
+            )
+        for name, value in zip(node.outputs, result):
+            if name:
+                env[name] = value
+
+
+def _outputs(result: Any, on_host: bool) -> tuple:
+    values = result if isinstance(result, tuple) else (result,)
+    return tuple(to_host(v) for v in values) if on_host else values
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, list):
+        return f"sequence[{len(value)}]"
+    if isinstance(value, OpContext):
+        return ""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    return f"{np.dtype(dtype).name}{list(shape)}" if shape is not None else type(value).__name__
+
+
+def _failure(step: Step, args: list, exc: Exception) -> str:
+    node = step.node
+    inputs = ", ".join(
+        f"{name or '<absent>'}: {_describe(a)}"
+        for name, a in zip(node.inputs, [a for a in args if not isinstance(a, OpContext)])
+    )
+    return (
+        f"node {node.label!r} ({step.opdef.name}, model opset {step.opset}) failed: "
+        f"{type(exc).__name__}: {exc} [inputs: {inputs or 'none'}; attributes: {sorted(node.attrs)}]"
+    )

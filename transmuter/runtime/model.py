@@ -1,0 +1,116 @@
+"""`Model`: a loaded graph, its weights split into params and host constants, and its plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transmuter import dtypes, ir
+from transmuter.errors import InputError
+from transmuter.runtime.interpreter import Plan
+
+# Float initializers with more elements than this are params (jit arguments); smaller ones stay
+# host constants, so that scalars and small tables fold on the host while tracing.
+PARAM_MIN_SIZE = 64
+# Non-float initializers this large are passed as arguments too rather than embedded in programs.
+DEVICE_CONSTANT_MIN_SIZE = 1 << 16
+
+
+class Model:
+    """A loaded ONNX model, ready to run.
+
+    inputs / outputs: the ONNX names in order. input_specs / output_specs: name -> declared type
+    (`ir.TensorType` with dtype and dims, symbolic dims named as in the file). params: the
+    initializers that are arguments of the traced program (a dict pytree; `jax.grad` w.r.t. it).
+    """
+
+    def __init__(self, model: ir.Model, *, trainable: bool = False, source: str = ""):
+        self.ir = model
+        self.source = source
+        self.trainable = trainable
+        graph = model.graph
+        self.inputs: list[str] = [v.name for v in graph.inputs]
+        self.outputs: list[str] = [v.name for v in graph.outputs]
+        self.input_specs: dict[str, ir.ValueType | None] = {v.name: v.type for v in graph.inputs}
+        self.output_specs: dict[str, ir.ValueType | None] = {v.name: v.type for v in graph.outputs}
+        self.plan = Plan.build(graph, model.opsets)
+        params, device_constants, host_constants = {}, {}, {}
+        for name, array in graph.initializers.items():
+            if dtypes.is_float(array.dtype) and (trainable or array.size > PARAM_MIN_SIZE):
+                params[name] = array
+            elif array.size >= DEVICE_CONSTANT_MIN_SIZE and array.dtype != object:
+                device_constants[name] = array
+            else:
+                host_constants[name] = np.asarray(array)
+        from transmuter.runtime.execute import x64_scope
+
+        with x64_scope():
+            self.params: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in params.items()}
+            self.device_constants = {k: jnp.asarray(v) for k, v in device_constants.items()}
+        self.host_constants: dict[str, np.ndarray] = host_constants
+
+    @property
+    def opsets(self) -> dict[str, int]:
+        return dict(self.ir.opsets)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
+        outs = ", ".join(f"{n}: {self.output_specs[n]}" for n in self.outputs)
+        return f"Model({self.source or 'in memory'}; inputs {ins}; outputs {outs})"
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The inputs as arrays in input order, each checked against its declared type."""
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a dict of name -> array; got {type(inputs).__name__}")
+        extra = [k for k in inputs if k not in self.input_specs]
+        missing = [k for k in self.inputs if k not in inputs]
+        if extra or missing:
+            parts = []
+            if missing:
+                parts.append(f"missing {missing}")
+            if extra:
+                parts.append(f"unknown {extra}")
+            raise InputError(f"{'; '.join(parts)}. The model's inputs are {self._spec_list()}")
+        return {name: _check_input(name, inputs[name], self.input_specs[name]) for name in self.inputs}
+
+    def _spec_list(self) -> str:
+        return ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
+
+
+def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
+    if not isinstance(spec, ir.TensorType):
+        return value  # sequences, optionals and undeclared types are taken as given
+    value = _as_array(name, value, spec.dtype)
+    got = f"{np.dtype(value.dtype).name}{list(value.shape)}"
+    if np.dtype(value.dtype) != spec.dtype:
+        raise InputError(f"input {name!r} expects {spec}, got {got}: cast it to {spec.dtype.name}")
+    if spec.shape is not None:
+        if len(value.shape) != len(spec.shape):
+            raise InputError(f"input {name!r} expects rank {len(spec.shape)} ({spec}), got {got}")
+        for axis, (want, have) in enumerate(zip(spec.shape, value.shape)):
+            if isinstance(want, int) and want != have:
+                raise InputError(f"input {name!r} expects {spec}, got {got} (axis {axis})")
+    return value
+
+
+# Which kinds of Python value may take a declared dtype of which kind ("f": any float type).
+_COMPATIBLE = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c", "U": "O", "O": "O"}
+
+
+def _as_array(name: str, value: Any, dtype: np.dtype) -> Any:
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return value
+    array = np.asarray(value)
+    if isinstance(value, np.generic):
+        return array
+    # Python scalars and nested lists take the declared dtype when their kind allows it.
+    target = "f" if dtypes.is_float(dtype) else np.dtype(dtype).kind
+    if target not in _COMPATIBLE.get(array.dtype.kind, ""):
+        raise InputError(
+            f"input {name!r} expects {np.dtype(dtype).name}, got a Python {type(value).__name__}"
+        )
+    return array.astype(dtype)
