@@ -44,15 +44,6 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
 
 NUMPY_TO_ONNX: dict[np.dtype, int] = {dtype: code for code, dtype in ONNX_TO_NUMPY.items()}
 
-ONNX_NAMES: dict[int, str] = {
-    1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    8: "string", 9: "bool", 10: "float16", 11: "double", 12: "uint32", 13: "uint64",
-    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz",
-    19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1",
-    24: "float8e8m0", 25: "uint2", 26: "int2",
-}  # fmt: skip
-
-
 def from_onnx(elem_type: int) -> np.dtype:
     """The numpy dtype of an ONNX element type; a clear error for one we do not know."""
     try:

@@ -1,63 +1,135 @@
-"""`compile`: ahead-of-time compiled programs of a model, one per input signature, kept LRU."""
+"""`compile`: a model as compiled segments, cached per input signature (see segments.py)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from transmuter.errors import HostValueNeeded, TransmuterError
-from transmuter.runtime.execute import evaluate, x64_scope
+from transmuter import telemetry
+from transmuter.errors import InputError
+from transmuter.runtime.execute import _as_output, x64_scope
+from transmuter.runtime.segments import SegmentRunner
 
-Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+EAGER_THRESHOLD = 20
 
 
 class CompiledModel:
-    """A callable `inputs -> outputs` that compiles the whole graph as one XLA program per input
-    signature (names, shapes, dtypes) and keeps the `cache_size` most recently used."""
+    """A callable `inputs -> outputs` running `model` as compiled programs.
 
-    def __init__(self, model, example_inputs: Mapping[str, Any], *, cache_size: int = 8):
+    A graph whose shapes follow from its input shapes is one XLA program per input signature; a
+    graph where a value decides a shape or a branch is split there (a graph break), the break
+    node runs on the host, and compiling goes on after it. Programs are cached per segment start
+    position, keeping the `cache_size` most recently used; segments shorter than
+    `eager_threshold` nodes around a break run op by op instead of compiling.
+    """
+
+    def __init__(
+        self,
+        model,
+        example_inputs: Mapping[str, Any],
+        *,
+        static_inputs: Mapping[str, Any] | None = None,
+        cache_size: int = 8,
+        cache_dir: str | os.PathLike | None = None,
+        eager_threshold: int = EAGER_THRESHOLD,
+    ):
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, got {cache_size}")
         self.model = model
-        self.cache_size = cache_size
-        self._programs: OrderedDict[Signature, Callable] = OrderedDict()
-        self._jitted = jax.jit(self._program)
-        self(example_inputs)
-
-    def _program(self, params, device_constants, inputs):
-        return evaluate(self.model, inputs, params, device_constants)
-
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        arrays = self.model.check_inputs(inputs)
-        signature = tuple((k, tuple(np.shape(v)), np.dtype(v.dtype).name) for k, v in arrays.items())
-        program = self._programs.get(signature)
-        if program is None:
-            program = self._compile(signature, arrays)
-        else:
-            self._programs.move_to_end(signature)
-        with x64_scope():
-            return program(self.model.params, self.model.device_constants, arrays)
+        self.static_inputs = {
+            name: np.asarray(model.check_input(name, value))
+            for name, value in (static_inputs or {}).items()
+        }
+        if cache_dir is not None:
+            use_persistent_cache(cache_dir)
+        self.runner = SegmentRunner(model, cache_size=cache_size, eager_threshold=eager_threshold)
+        self._fast: tuple | None = None
+        with telemetry.span("transmuter.compile", {"source": model.source}) as span:
+            self(example_inputs)
+            first = next(iter(self.runner.caches[0].values()))
+            span.stop_metadata["graph_break"] = first.stop is not None
+        if first.stop is None and first.program is not None:
+            reads = self.runner.reads_after[0]
+            fixed = {n: v for n, v in {**model.params, **model.device_constants}.items() if n in reads}
+            self._fast = (self._signature(self._arrays(example_inputs)), first, fixed)
 
     @property
-    def signatures(self) -> list[Signature]:
-        """The input signatures compiled and cached, least recently used first."""
-        return list(self._programs)
+    def segments(self) -> list[tuple[int, int | str, bool]]:
+        """The segment plan seen so far: (start position, stop position or "end", compiled)."""
+        seen = {}
+        for start, cache in sorted(self.runner.caches.items()):
+            for segment in cache.values():
+                stop = "end" if segment.stop is None else segment.stop
+                seen[(start, stop, segment.program is not None)] = None
+        return list(seen)
 
-    def _compile(self, signature: Signature, arrays: Mapping[str, Any]) -> Callable:
-        with x64_scope():
-            try:
-                lowered = self._jitted.lower(self.model.params, self.model.device_constants, arrays)
-            except HostValueNeeded as exc:
-                raise TransmuterError(
-                    f"{exc} This graph needs a value on the host inside the program; graph "
-                    "breaks are not implemented yet."
-                ) from exc
-            program = lowered.compile()
-        self._programs[signature] = program
-        while len(self._programs) > self.cache_size:
-            self._programs.popitem(last=False)  # dropping the executable frees its memory
-        return program
+    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        with telemetry.span("transmuter.call", {"source": self.model.source}):
+            arrays = self._arrays(inputs)
+            with x64_scope():
+                if self._fast is not None and self._signature(arrays) == self._fast[0]:
+                    return self._run_fast(arrays)
+                env: dict[str, Any] = dict(self.model.host_constants)
+                env.update(self.model.device_constants)
+                env.update(self.model.params)
+                env.update({k: v if k in self.static_inputs else _on_device(v) for k, v in arrays.items()})
+                self.runner.run(env)
+                return {name: _as_output(env[name]) for name in self.model.outputs}
+
+    def _arrays(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a dict of name -> array; got {type(inputs).__name__}")
+        arrays = self.model.check_inputs({**self.static_inputs, **inputs})
+        for name in self.static_inputs:
+            arrays[name] = np.asarray(arrays[name])
+        return arrays
+
+    def _signature(self, arrays: Mapping[str, Any]) -> tuple:
+        return tuple(
+            (k, v.shape, v.dtype, _static_key(v) if k in self.static_inputs else None)
+            for k, v in arrays.items()
+        )
+
+    def _run_fast(self, arrays) -> dict[str, Any]:
+        """A break-free graph at its compile-time signature: call the program, skip the cache."""
+        _, segment, fixed = self._fast
+        args = dict(fixed)
+        args.update((n, v) for n, v in arrays.items() if n not in self.static_inputs)
+        produced = segment.program(args)
+        outputs = {}
+        for name in self.model.outputs:
+            for source in (produced, segment.host_outputs, args, self.static_inputs,
+                           self.model.host_constants):
+                if name in source:
+                    outputs[name] = _as_output(source[name])
+                    break
+        return outputs
+
+
+def _static_key(value: np.ndarray) -> Any:
+    return value.tobytes() if value.dtype != object else tuple(value.ravel().tolist())
+
+
+def _on_device(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return jnp.asarray(value)
+    return value
+
+
+def use_persistent_cache(path: str | os.PathLike) -> None:
+    """Persist compiled programs under `path` through JAX's persistent compilation cache (a
+    process-wide setting), with no minimum compile time, so that a later process skips XLA."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir != path:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
+        jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

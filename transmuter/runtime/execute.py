@@ -34,12 +34,27 @@ def run(model, inputs: Mapping[str, Any], *, params: Mapping[str, Any] | None = 
 def evaluate(model, inputs: Mapping[str, Any], params: Mapping[str, Any],
              device_constants: Mapping[str, Any], key: Any = None) -> dict[str, Any]:
     """The graph walk shared by `run` and the compiled runtime. Call inside `x64_scope`."""
+    env = _environment(model, inputs, params, device_constants)
+    values = Interpreter(model.plan, key).run(model.plan, env)
+    return {name: _as_output(v) for name, v in zip(model.outputs, values)}
+
+
+def intermediates(model, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every value of the main graph after an eager run, by name: what a search for the first
+    node where Transmuter and a reference diverge compares."""
+    arrays = model.check_inputs(inputs)
+    with x64_scope():
+        env = _environment(model, _on_device(arrays), model.params, model.device_constants)
+        Interpreter(model.plan).run(model.plan, env)
+        return {name: _as_output(v) for name, v in env.items()}
+
+
+def _environment(model, inputs, params, device_constants) -> dict[str, Any]:
     env: dict[str, Any] = dict(model.host_constants)
     env.update(device_constants)
     env.update(params)
     env.update(inputs)
-    values = Interpreter(model.plan, key).run(model.plan, env)
-    return {name: _as_output(v) for name, v in zip(model.outputs, values)}
+    return env
 
 
 def _on_device(arrays: Mapping[str, Any]) -> dict[str, Any]:

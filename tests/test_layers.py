@@ -1,0 +1,59 @@
+"""Layers point downwards only: runtime -> lowering -> ir <- frontend; only the front end
+imports onnx; the IR imports neither onnx nor jax."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "transmuter"
+
+FORBIDDEN = {
+    "ir": {"onnx", "jax", "transmuter.frontend", "transmuter.lowering", "transmuter.runtime"},
+    "frontend": {"jax", "transmuter.lowering", "transmuter.runtime"},
+    "lowering": {"onnx", "transmuter.frontend", "transmuter.runtime"},
+    "runtime": {"onnx", "transmuter.frontend"},
+    "dtypes.py": {"onnx", "jax", "transmuter.frontend", "transmuter.lowering", "transmuter.runtime"},
+    "errors.py": {"onnx", "jax", "transmuter.frontend", "transmuter.lowering", "transmuter.runtime"},
+}
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _files(part: str) -> list[Path]:
+    target = PACKAGE / part
+    return sorted(target.rglob("*.py")) if target.is_dir() else [target]
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_layer_imports_point_downwards(part):
+    bad = []
+    for path in _files(part):
+        for name in imports(path):
+            if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[part]):
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_front_end_imports_onnx():
+    bad = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if "frontend" not in path.parts
+        and any(n == "onnx" or n.startswith("onnx.") for n in imports(path))
+    ]
+    assert not bad, bad
+
+
+def test_coverage_folder_is_not_a_package():
+    assert not (PACKAGE.parent / "coverage" / "__init__.py").exists()

@@ -1,0 +1,243 @@
+"""Graph breaks: running a graph as compiled segments split where a value decides a shape.
+
+A segment starts at a node position and runs until the first node that needs, on the host, a
+value only known inside the trace (HostValueNeeded), or to the end. The segment is traced once,
+which finds where it stops; it is then compiled (or, when short and after a break, run eagerly).
+The break node runs eagerly with concrete values, and the next segment starts after it, traced
+for the shapes that resulted.
+
+Segments are cached per start position under a key of the shapes and dtypes of the device values
+they read and the values of the host values they read (static inputs, values a break made
+concrete); each position keeps its `cache_size` most recently used entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transmuter import ir, telemetry
+from transmuter.errors import HostValueNeeded
+from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
+
+# Host results of a break node up to this many elements stay host values (shape-like values
+# that later nodes may need on the host); larger ones become device values.
+BREAK_HOST_RESULT_MAX_SIZE = 1024
+
+
+@dataclass
+class Segment:
+    """A traced segment: where it stops, why, and how to run it."""
+
+    start: int
+    stop: int | None  # the break node's position; None when the segment runs to the end
+    reason: str | None  # what value the break needs, e.g. "the If condition"
+    host_outputs: dict[str, Any]  # host values the segment computes (constants of its key)
+    host_values: list[str]  # host values the segment reads besides the model's constants
+    program: Callable | None  # the compiled executable; None when the segment runs eagerly
+
+
+class SegmentRunner:
+    """Runs one model's main graph through cached segments."""
+
+    def __init__(self, model, *, cache_size: int, eager_threshold: int):
+        self.model = model
+        self.plan: Plan = model.plan
+        self.cache_size = cache_size
+        self.eager_threshold = eager_threshold
+        self.caches: dict[int, OrderedDict[tuple, Segment]] = {}
+        self.reads_after = _reads_after(self.plan)
+        self.fixed = set(model.params) | set(model.device_constants)
+
+    def run(self, env: dict[str, Any]) -> None:
+        """Run every node, updating `env` (name -> value) in place. Call inside `x64_scope`."""
+        start = 0
+        steps = self.plan.steps
+        while start < len(steps):
+            segment, device_args = self.segment(start, env)
+            if segment.program is not None:
+                env.update(segment.program(device_args))
+                env.update(segment.host_outputs)
+            else:
+                interpreter = Interpreter(self.plan)
+                for position in range(start, _end(segment, len(steps))):
+                    interpreter.step(steps[position], env)
+            if segment.stop is None:
+                return
+            self.run_break(segment.stop, env)
+            start = segment.stop + 1
+
+    def segment(self, start: int, env: Mapping[str, Any]) -> tuple[Segment, dict[str, Any]]:
+        """The cached segment starting at `start` for the values in `env`, and its arguments."""
+        reads = self.reads_after[start]
+        device_args = {n: env[n] for n in reads if n in env and not is_host(env[n])}
+        dynamic_host = {
+            n: env[n]
+            for n in reads
+            if n in env and is_host(env[n]) and env[n] is not self.model.host_constants.get(n)
+        }
+        shapes = sorted(
+            (n, (tuple(np.shape(v)), _dtype_name(v)))
+            for n, v in device_args.items()
+            if n not in self.fixed
+        )
+        key = (tuple(shapes), tuple(sorted((n, _digest(v)) for n, v in dynamic_host.items())))
+        cache = self.caches.setdefault(start, OrderedDict())
+        metadata = {"source": self.model.source, "position": start, "shapes": shapes}
+        segment = cache.get(key)
+        if segment is not None:
+            cache.move_to_end(key)
+            if telemetry.listening("transmuter.cache.hit"):
+                telemetry.emit("transmuter.cache.hit", {"count": 1}, metadata)
+            return segment, device_args
+        if telemetry.listening("transmuter.cache.miss"):
+            telemetry.emit("transmuter.cache.miss", {"count": 1}, metadata)
+        segment = self.build(start, env, device_args, sorted(dynamic_host), metadata)
+        cache[key] = segment
+        while len(cache) > self.cache_size:
+            cache.popitem(last=False)  # dropping the executable frees it
+            if telemetry.listening("transmuter.cache.evict"):
+                telemetry.emit(
+                    "transmuter.cache.evict", {"count": 1}, {**metadata, "cache_size": self.cache_size}
+                )
+        return segment, device_args
+
+    def build(self, start, env, device_args, host_names, metadata) -> Segment:
+        host_env = {n: v for n, v in env.items() if is_host(v)}
+        found: dict[str, Any] = {}
+
+        def program(args):
+            local = dict(host_env)
+            local.update(args)
+            before = set(local)
+            interpreter = Interpreter(self.plan)
+            stop, reason = None, None
+            for position in range(start, len(self.plan.steps)):
+                try:
+                    interpreter.step(self.plan.steps[position], local)
+                except HostValueNeeded as exc:
+                    stop, reason = position, exc.reason
+                    break
+            live = self.reads_after[stop] if stop is not None else self.reads_after[-1]
+            produced = {n: local[n] for n in live if n in local and n not in before}
+            found.update(stop=stop, reason=reason)
+            found["host"] = {n: v for n, v in produced.items() if is_host(v)}
+            return {n: v for n, v in produced.items() if not is_host(v)}
+
+        with telemetry.span("transmuter.segment.compile", metadata) as span:
+            lowered = jax.jit(program).lower(device_args)
+            stop = found["stop"]
+            length = (stop if stop is not None else len(self.plan.steps)) - start
+            # A short segment around a break costs more to compile than to run op by op; a graph
+            # without breaks always compiles, whatever its size.
+            eager = (start > 0 or stop is not None) and length < self.eager_threshold
+            disk = None
+            if not eager:
+                with _DiskCacheProbe() as probe:
+                    compiled = lowered.compile()
+                disk = probe.outcome
+            span.stop_metadata.update(
+                stop=stop if stop is not None else "end",
+                compiled=not eager,
+                disk_cache=disk,
+                reason=found["reason"],
+                host_values=host_names,
+            )
+        return Segment(
+            start, stop, found["reason"], found["host"], host_names, None if eager else compiled
+        )
+
+    def run_break(self, position: int, env: dict[str, Any]) -> None:
+        """Run the break node eagerly, with its host-needed inputs made concrete."""
+        step = self.plan.steps[position]
+        node = step.node
+        metadata = {"source": self.model.source, "position": position, "node": node.label,
+                    "op_type": node.op_type}
+        with telemetry.span("transmuter.break", metadata):
+            for index in step.opdef.host_inputs:
+                name = node.inputs[index] if index < len(node.inputs) else ""
+                if name:
+                    env[name] = to_host(env[name])  # small, shape-deciding: keep it on the host
+            Interpreter(self.plan).step(step, env)
+            for name in node.outputs:
+                value = env.get(name) if name else None
+                if _to_device_after_break(value, step.opdef.data_dependent):
+                    env[name] = jnp.asarray(value)
+
+
+def _to_device_after_break(value: Any, data_dependent: bool) -> bool:
+    """Data (NonZero indices, large results) goes back to the device so that the next segments
+    are keyed by its shape, not its values; small shape-like results stay on the host."""
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+        return False
+    return data_dependent or value.size > BREAK_HOST_RESULT_MAX_SIZE
+
+
+def _end(segment: Segment, length: int) -> int:
+    return length if segment.stop is None else segment.stop
+
+
+def _reads_after(plan: Plan) -> list[frozenset[str]]:
+    """For each position p, the names that nodes p.. (and their subgraphs) read, plus the graph
+    outputs; the last entry (position len) is the graph outputs alone."""
+    needed = {v.name for v in plan.graph.outputs}
+    result = [frozenset(needed)]
+    for step in reversed(plan.steps):
+        needed |= {n for n in step.node.inputs if n}
+        for sub in ir.subgraphs(step.node):
+            needed |= sub.outer_names
+        result.append(frozenset(needed))
+    result.reverse()
+    return result
+
+
+def _dtype_name(value: Any) -> str:
+    if isinstance(value, list):
+        return "sequence"
+    return np.dtype(value.dtype).name if value is not None else "none"
+
+
+def _digest(value: Any) -> Any:
+    """A hashable stand-in for a host value's content."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return tuple(_digest(v) for v in value)
+    if value.dtype == object:
+        return (value.shape, tuple(value.ravel().tolist()))
+    data = np.ascontiguousarray(value)
+    return (value.shape, value.dtype.str, hashlib.blake2b(data.view(np.uint8), digest_size=16).digest())
+
+
+class _DiskCacheProbe:
+    """Tells whether an XLA compile inside the `with` came from JAX's persistent cache: "hit",
+    "miss" (compiled and written), or None when the persistent cache is off."""
+
+    counts = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/cache_misses": 0}
+    _registered = False
+
+    @classmethod
+    def _listen(cls, event: str, **_: Any) -> None:
+        if event in cls.counts:
+            cls.counts[event] += 1
+
+    def __enter__(self) -> _DiskCacheProbe:
+        if not _DiskCacheProbe._registered:
+            jax.monitoring.register_event_listener(_DiskCacheProbe._listen)
+            _DiskCacheProbe._registered = True
+        self.before = dict(self.counts)
+        self.outcome = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.counts["/jax/compilation_cache/cache_hits"] > self.before["/jax/compilation_cache/cache_hits"]:
+            self.outcome = "hit"
+        elif jax.config.jax_compilation_cache_dir:
+            self.outcome = "miss"
