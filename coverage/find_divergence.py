@@ -31,8 +31,9 @@ def reference_values(proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarr
                 known.add(name)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(exposed.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        exposed.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, inputs)))
 
@@ -46,7 +47,11 @@ def first_divergence(proto, inputs, rtol, atol):
                 continue
             a, b = np.asarray(ours[name]), np.asarray(theirs[name])
             if a.shape != b.shape or a.dtype != b.dtype:
-                return node, name, f"shape/dtype {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+                return (
+                    node,
+                    name,
+                    f"shape/dtype {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}",
+                )
             if a.dtype.kind in "fc" and not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
                 return node, name, f"max abs diff {np.nanmax(np.abs(a - b)):.3e}"
             if a.dtype.kind not in "fc" and not np.array_equal(a, b):
@@ -65,8 +70,11 @@ def main() -> None:
     proto = onnx.load(args.model)
     stored = np.load(args.inputs)
     wanted = {i.name for i in proto.graph.input}
-    inputs = {k[len(args.prefix):]: stored[k] for k in stored
-              if k.startswith(args.prefix) and k[len(args.prefix):] in wanted}
+    inputs = {
+        k[len(args.prefix) :]: stored[k]
+        for k in stored
+        if k.startswith(args.prefix) and k[len(args.prefix) :] in wanted
+    }
     found = first_divergence(proto, inputs, args.rtol, args.atol)
     if found is None:
         print("no divergence: every intermediate agrees within tolerance")

@@ -48,8 +48,12 @@ def export_onnx(path: Path) -> None:
         str(path),
         input_names=["input_ids", "attention_mask", "token_type_ids"],
         output_names=["last_hidden_state"],
-        dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes,
-                      "last_hidden_state": axes},
+        dynamic_axes={
+            "input_ids": axes,
+            "attention_mask": axes,
+            "token_type_ids": axes,
+            "last_hidden_state": axes,
+        },
         opset_version=17,
         dynamo=False,
     )
@@ -97,8 +101,10 @@ def main() -> None:
     vectors = embed(hidden, inputs["attention_mask"])
     similarity = vectors @ vectors.T
 
-    print(f"{args.model.name}: {len(model.ir.graph.nodes)} nodes, compiled in {compile_s:.1f} s, "
-          f"{call_ms:.1f} ms per batch of {len(args.sentences)}")
+    print(
+        f"{args.model.name}: {len(model.ir.graph.nodes)} nodes, compiled in {compile_s:.1f} s, "
+        f"{call_ms:.1f} ms per batch of {len(args.sentences)}"
+    )
     print("\nmost similar sentence for each:")
     for i, sentence in enumerate(args.sentences):
         scores = similarity[i].copy()
@@ -114,8 +120,10 @@ def main() -> None:
         return
     session = ort.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
     reference = session.run(["last_hidden_state"], inputs)[0]
-    print(f"\nmax |transmuter - onnxruntime| on last_hidden_state: "
-          f"{np.abs(hidden - reference).max():.2e}")
+    print(
+        f"\nmax |transmuter - onnxruntime| on last_hidden_state: "
+        f"{np.abs(hidden - reference).max():.2e}"
+    )
 
 
 if __name__ == "__main__":

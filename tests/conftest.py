@@ -5,7 +5,6 @@ import pytest
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
-
 @pytest.fixture
 def rng():
     import numpy as np

@@ -41,8 +41,11 @@ def make_node_model(
     names = list(input_names) if input_names is not None else list(inputs)
     out_names = [f"out{i}" for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
     node = helper.make_node(
-        op_type, [n if inputs.get(n) is not None else "" for n in names], out_names,
-        domain=domain, **(attrs or {})
+        op_type,
+        [n if inputs.get(n) is not None else "" for n in names],
+        out_names,
+        domain=domain,
+        **(attrs or {}),
     )
     graph_inputs, initializers = [], []
     for name in names:
@@ -102,15 +105,22 @@ def transmuter_runs(model: onnx.ModelProto, inputs: Mapping[str, Any], *, compil
 def assert_close(actual: Any, expected: Any, *, rtol: float, atol: float, what: str) -> None:
     actual = np.asarray(actual)
     expected = np.asarray(expected)
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    assert actual.dtype == expected.dtype, (
+        f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
+    )
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {actual.shape}, expected {expected.shape}"
+    )
     if expected.dtype == object or expected.dtype.kind in "biu":
         np.testing.assert_array_equal(actual, expected, err_msg=what)
     else:
         np.testing.assert_allclose(
             actual.astype(np.float64) if expected.dtype.kind != "c" else actual,
             expected.astype(np.float64) if expected.dtype.kind != "c" else expected,
-            rtol=rtol, atol=atol, err_msg=what, equal_nan=True,
+            rtol=rtol,
+            atol=atol,
+            err_msg=what,
+            equal_nan=True,
         )
 
 
@@ -131,7 +141,9 @@ def check_node(
     model = make_node_model(op_type, inputs, attrs, opset=opset, **model_options)
     expected = ort_run(model, inputs) if reference == "ort" else reference_run(model, inputs)
     for mode, outputs in transmuter_runs(model, inputs, compiled=compiled).items():
-        assert len(outputs) == len(expected), f"{mode}: {len(outputs)} outputs, expected {len(expected)}"
+        assert len(outputs) == len(expected), (
+            f"{mode}: {len(outputs)} outputs, expected {len(expected)}"
+        )
         for i, (got, want) in enumerate(zip(outputs, expected)):
             assert_close(got, want, rtol=rtol, atol=atol, what=f"{op_type} output {i} ({mode})")
     return expected

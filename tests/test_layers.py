@@ -15,8 +15,20 @@ FORBIDDEN = {
     "frontend": {"jax", "transmuter.lowering", "transmuter.runtime"},
     "lowering": {"onnx", "transmuter.frontend", "transmuter.runtime"},
     "runtime": {"onnx", "transmuter.frontend"},
-    "dtypes.py": {"onnx", "jax", "transmuter.frontend", "transmuter.lowering", "transmuter.runtime"},
-    "errors.py": {"onnx", "jax", "transmuter.frontend", "transmuter.lowering", "transmuter.runtime"},
+    "dtypes.py": {
+        "onnx",
+        "jax",
+        "transmuter.frontend",
+        "transmuter.lowering",
+        "transmuter.runtime",
+    },
+    "errors.py": {
+        "onnx",
+        "jax",
+        "transmuter.frontend",
+        "transmuter.lowering",
+        "transmuter.runtime",
+    },
 }
 
 

@@ -1,8 +1,7 @@
 """Transmuter: run ONNX models as JAX programs.
 
-    model = transmuter.load("model.onnx")
-    outputs = transmuter.run(model, {"input_ids": ids})         # eager, or inside jax.jit/grad/vmap
-    fn = transmuter.compile(model, {"input_ids": ids})          # one XLA program per shape
+`load` reads a model; `run` evaluates it (eagerly, or inside jax.jit / grad / vmap); `compile`
+makes a callable that keeps one compiled program per input shape.
 """
 
 from __future__ import annotations
@@ -52,7 +51,9 @@ def load(source: Any, *, trainable: bool = False, compute_type: str | None = Non
     name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
     with telemetry.span("transmuter.load", {"source": name}) as span:
         model = Model(load_model(source), trainable=trainable, source=name)
-        span.stop_metadata.update(node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0))
+        span.stop_metadata.update(
+            node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0)
+        )
     return model
 
 

@@ -40,9 +40,12 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
     24: np.dtype(ml_dtypes.float8_e8m0fnu),
     25: np.dtype(ml_dtypes.uint2),
     26: np.dtype(ml_dtypes.int2),
+    27: np.dtype(ml_dtypes.float6_e2m3fn),
+    28: np.dtype(ml_dtypes.float6_e3m2fn),
 }
 
 NUMPY_TO_ONNX: dict[np.dtype, int] = {dtype: code for code, dtype in ONNX_TO_NUMPY.items()}
+
 
 def from_onnx(elem_type: int) -> np.dtype:
     """The numpy dtype of an ONNX element type; a clear error for one we do not know."""
@@ -66,5 +69,4 @@ def is_float(dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or dtype in _ML_FLOATS
 
 
-_ML_FLOATS = {ONNX_TO_NUMPY[c] for c in (16, 17, 18, 19, 20, 23, 24)}
-
+_ML_FLOATS = {ONNX_TO_NUMPY[c] for c in (16, 17, 18, 19, 20, 23, 24, 27, 28)}

@@ -86,8 +86,11 @@ class span:
     def __enter__(self) -> span:
         if self.active:
             self.start = time.monotonic_ns()
-            emit(self.name + ".start",
-                 {"system_time": time.time_ns(), "monotonic_time": self.start}, self.metadata)
+            emit(
+                self.name + ".start",
+                {"system_time": time.time_ns(), "monotonic_time": self.start},
+                self.metadata,
+            )
         return self
 
     def __exit__(self, kind, error, trace) -> None:
@@ -98,8 +101,11 @@ class span:
         if kind is None:
             emit(self.name + ".stop", measurements, {**self.metadata, **self.stop_metadata})
         else:
-            details = {"kind": kind.__name__, "reason": str(error),
-                       "stacktrace": "".join(traceback.format_tb(trace))}
+            details = {
+                "kind": kind.__name__,
+                "reason": str(error),
+                "stacktrace": "".join(traceback.format_tb(trace)),
+            }
             emit(self.name + ".exception", measurements, {**self.metadata, **details})
 
 

@@ -44,4 +44,5 @@ def test_matches_onnx_runtime(entry):
     for description, inputs, expected in all_cases:
         check(transmuter.run(model, inputs), expected, f"{entry['name']} eager, {description}:")
         check(compiled(inputs), expected, f"{entry['name']} compiled, {description}:")
-    assert len(compiled.signatures) == len(all_cases)
+    assert compiled.segments == [(0, "end", True)]  # one program per shape, no graph break
+    assert len(compiled.runner.caches[0]) == len(all_cases)

@@ -16,7 +16,6 @@ from transmuter import dtypes, ir
 from transmuter.errors import ModelLoadError
 
 
-
 def load_model(source) -> ir.Model:
     """Read an ONNX model from a path, bytes or a ModelProto into the IR.
 
@@ -61,7 +60,9 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise ModelLoadError(f"{what} is not a valid ONNX model (corrupt or truncated): {exc}") from None
+        raise ModelLoadError(
+            f"{what} is not a valid ONNX model (corrupt or truncated): {exc}"
+        ) from None
     return proto
 
 
@@ -100,7 +101,9 @@ class _Converter:
         attrs: dict[str, Any] = {}
         for a in n.attribute:
             if a.ref_attr_name:
-                raise ModelLoadError(f"node {n.name!r} refers to a function attribute outside a function")
+                raise ModelLoadError(
+                    f"node {n.name!r} refers to a function attribute outside a function"
+                )
             attrs[a.name] = self.attribute(a, scope)
         return ir.Node(
             op_type=n.op_type,
@@ -213,7 +216,15 @@ class _Converter:
         return ir.ValueInfo(v.name, value_type)
 
 
-_SUB_BYTE = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+_SUB_BYTE = {
+    "int4": 4,
+    "uint4": 4,
+    "float4_e2m1fn": 4,
+    "int2": 2,
+    "uint2": 2,
+    "float6_e2m3fn": 6,
+    "float6_e3m2fn": 6,
+}
 
 
 def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:

@@ -6,7 +6,7 @@ Plain data, no onnx and no jax: the front end builds it, the lowering reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +21,7 @@ class SymbolicDim:
         return self.name
 
 
-Dim = Union[int, SymbolicDim]
+Dim = int | SymbolicDim
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class OptionalType:
         return f"optional({self.elem})"
 
 
-ValueType = Union[TensorType, SequenceType, OptionalType]
+ValueType = TensorType | SequenceType | OptionalType
 
 
 @dataclass(frozen=True)

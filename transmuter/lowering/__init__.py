@@ -3,6 +3,8 @@
 from transmuter.lowering.context import OpContext
 from transmuter.lowering.registry import OpDef, lookup, op, registered
 
-from transmuter.lowering import ops as _ops  # noqa: E402,F401  (registers every op family)
+# isort: split
+# The op families import `op` from this package, so they are registered after it exists.
+from transmuter.lowering import ops as _ops  # noqa: F401
 
 __all__ = ["OpContext", "OpDef", "lookup", "op", "registered"]

@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError
-from transmuter.runtime.execute import _as_output, x64_scope
-from transmuter.runtime.segments import SegmentRunner
+from transmuter.runtime.execute import _as_output, on_device, x64_scope
+from transmuter.runtime.segments import SegmentRunner, signature
 
 EAGER_THRESHOLD = 20
 
@@ -53,9 +52,15 @@ class CompiledModel:
             self(example_inputs)
             first = next(iter(self.runner.caches[0].values()))
             span.stop_metadata["graph_break"] = first.stop is not None
-        if first.stop is None and first.program is not None:
+        # String inputs live on the host and key the segments by value: no fast path for them.
+        strings = any(
+            getattr(spec, "dtype", None) is np.dtype(object) for spec in model.input_specs.values()
+        )
+        if first.stop is None and first.program is not None and not strings:
             reads = self.runner.reads_after[0]
-            fixed = {n: v for n, v in {**model.params, **model.device_constants}.items() if n in reads}
+            fixed = {
+                n: v for n, v in {**model.params, **model.device_constants}.items() if n in reads
+            }
             self._fast = (self._signature(self._arrays(example_inputs)), first, fixed)
 
     @property
@@ -77,7 +82,9 @@ class CompiledModel:
                 env: dict[str, Any] = dict(self.model.host_constants)
                 env.update(self.model.device_constants)
                 env.update(self.model.params)
-                env.update({k: v if k in self.static_inputs else _on_device(v) for k, v in arrays.items()})
+                env.update(
+                    {k: v if k in self.static_inputs else on_device(v) for k, v in arrays.items()}
+                )
                 self.runner.run(env)
                 return {name: _as_output(env[name]) for name in self.model.outputs}
 
@@ -91,7 +98,7 @@ class CompiledModel:
 
     def _signature(self, arrays: Mapping[str, Any]) -> tuple:
         return tuple(
-            (k, v.shape, v.dtype, _static_key(v) if k in self.static_inputs else None)
+            (k, _static_key(v) if k in self.static_inputs else signature(v))
             for k, v in arrays.items()
         )
 
@@ -103,8 +110,13 @@ class CompiledModel:
         produced = segment.program(args)
         outputs = {}
         for name in self.model.outputs:
-            for source in (produced, segment.host_outputs, args, self.static_inputs,
-                           self.model.host_constants):
+            for source in (
+                produced,
+                segment.host_outputs,
+                args,
+                self.static_inputs,
+                self.model.host_constants,
+            ):
                 if name in source:
                     outputs[name] = _as_output(source[name])
                     break
@@ -112,13 +124,11 @@ class CompiledModel:
 
 
 def _static_key(value: np.ndarray) -> Any:
-    return value.tobytes() if value.dtype != object else tuple(value.ravel().tolist())
-
-
-def _on_device(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        return jnp.asarray(value)
-    return value
+    return (
+        value.shape,
+        value.dtype.str,
+        value.tobytes() if value.dtype != object else tuple(value.ravel().tolist()),
+    )
 
 
 def use_persistent_cache(path: str | os.PathLike) -> None:

@@ -19,8 +19,9 @@ def x64_scope():
     return jax.enable_x64(True)
 
 
-def run(model, inputs: Mapping[str, Any], *, params: Mapping[str, Any] | None = None,
-        key: Any = None) -> dict[str, Any]:
+def run(
+    model, inputs: Mapping[str, Any], *, params: Mapping[str, Any] | None = None, key: Any = None
+) -> dict[str, Any]:
     """Evaluate `model` on `inputs` (name -> array-like); returns name -> array.
 
     Pure: call it eagerly, or inside `jax.jit`, `jax.vmap` and `jax.grad` (differentiate with
@@ -28,11 +29,22 @@ def run(model, inputs: Mapping[str, Any], *, params: Mapping[str, Any] | None = 
     """
     arrays = model.check_inputs(inputs)
     with x64_scope():
-        return evaluate(model, _on_device(arrays), _check_params(model, params), model.device_constants, key)
+        return evaluate(
+            model,
+            {k: on_device(v) for k, v in arrays.items()},
+            _check_params(model, params),
+            model.device_constants,
+            key,
+        )
 
 
-def evaluate(model, inputs: Mapping[str, Any], params: Mapping[str, Any],
-             device_constants: Mapping[str, Any], key: Any = None) -> dict[str, Any]:
+def evaluate(
+    model,
+    inputs: Mapping[str, Any],
+    params: Mapping[str, Any],
+    device_constants: Mapping[str, Any],
+    key: Any = None,
+) -> dict[str, Any]:
     """The graph walk shared by `run` and the compiled runtime. Call inside `x64_scope`."""
     env = _environment(model, inputs, params, device_constants)
     values = Interpreter(model.plan, key).run(model.plan, env)
@@ -44,7 +56,12 @@ def intermediates(model, inputs: Mapping[str, Any]) -> dict[str, Any]:
     node where Transmuter and a reference diverge compares."""
     arrays = model.check_inputs(inputs)
     with x64_scope():
-        env = _environment(model, _on_device(arrays), model.params, model.device_constants)
+        env = _environment(
+            model,
+            {k: on_device(v) for k, v in arrays.items()},
+            model.params,
+            model.device_constants,
+        )
         Interpreter(model.plan).run(model.plan, env)
         return {name: _as_output(v) for name, v in env.items()}
 
@@ -57,13 +74,13 @@ def _environment(model, inputs, params, device_constants) -> dict[str, Any]:
     return env
 
 
-def _on_device(arrays: Mapping[str, Any]) -> dict[str, Any]:
-    # String tensors stay numpy object arrays: they only live on the host.
-    return {
-        k: v if isinstance(v, np.ndarray) and v.dtype == object else
-        v if not isinstance(v, (np.ndarray, jax.Array)) else jnp.asarray(v)
-        for k, v in arrays.items()
-    }
+def on_device(value: Any) -> Any:
+    """Inputs are data, so device values, except strings, which only live on the host."""
+    if isinstance(value, list):
+        return [on_device(v) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return jnp.asarray(value)
+    return value
 
 
 def _check_params(model, params: Mapping[str, Any] | None) -> Mapping[str, Any]:

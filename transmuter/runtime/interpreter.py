@@ -48,7 +48,10 @@ class Plan:
             first = unsupported[0]
             kinds = sorted({f"{e.domain or 'ai.onnx'}::{e.op_type}" for e in unsupported})
             raise UnsupportedOpError(
-                first.domain, first.op_type, first.opset, first.node,
+                first.domain,
+                first.op_type,
+                first.opset,
+                first.node,
                 f"{len(unsupported)} nodes use unsupported operators: {', '.join(kinds)}",
             )
         return plan
@@ -61,7 +64,10 @@ class Plan:
             try:
                 if opset is None:
                     raise UnsupportedOpError(
-                        node.domain, node.op_type, 0, node.label,
+                        node.domain,
+                        node.op_type,
+                        0,
+                        node.label,
                         f"the model imports no opset for domain {node.domain!r}",
                     )
                 opdef = lookup(node.domain, node.op_type, opset, node.label)
@@ -114,7 +120,9 @@ class Interpreter:
             self.step(step, env)
         return [env[v.name] for v in plan.graph.outputs]
 
-    def run_graph(self, graph: ir.Graph, inputs: Sequence[Any], outer: Mapping[str, Any]) -> list[Any]:
+    def run_graph(
+        self, graph: ir.Graph, inputs: Sequence[Any], outer: Mapping[str, Any]
+    ) -> list[Any]:
         plan = self.root.subplans[id(graph)]
         local = dict(zip((v.name for v in graph.inputs), inputs))
         local.update(graph.initializers)  # subgraph initializers are small constants
@@ -131,17 +139,23 @@ class Interpreter:
         args = []
         for name in node.inputs:
             if name and name not in env:
-                raise NodeError(f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value")
+                raise NodeError(
+                    f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value"
+                )
             args.append(env[name] if name else None)
         needs_host = range(len(args)) if opdef.data_dependent else opdef.host_inputs
         for index in needs_host:
             if index < len(args) and args[index] is not None:
                 if _is_traced(args[index]):
-                    reason = opdef.host_inputs.get(index, "its input values (the output shape depends on them)")
+                    reason = opdef.host_inputs.get(
+                        index, "its input values (the output shape depends on them)"
+                    )
                     raise HostValueNeeded(node.label, node.op_type, node.inputs[index], reason)
                 args[index] = to_host(args[index])
         if opdef.context:
-            ctx = OpContext(node, step.opset, lambda g, xs: self.run_graph(g, xs, env), self.next_key)
+            ctx = OpContext(
+                node, step.opset, lambda g, xs: self.run_graph(g, xs, env), self.next_key
+            )
             args.insert(0, ctx)
         on_host = not opdef.random and all(is_host(a) for a in args if not isinstance(a, OpContext))
         try:

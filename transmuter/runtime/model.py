@@ -75,12 +75,16 @@ class Model:
             if extra:
                 parts.append(f"unknown {extra}")
             raise InputError(f"{'; '.join(parts)}. The model's inputs are {self._spec_list()}")
-        return {name: _check_input(name, inputs[name], self.input_specs[name]) for name in self.inputs}
+        return {
+            name: _check_input(name, inputs[name], self.input_specs[name]) for name in self.inputs
+        }
 
     def check_input(self, name: str, value: Any) -> Any:
         """One input as an array, checked against its declared type."""
         if name not in self.input_specs:
-            raise InputError(f"{name!r} is not an input. The model's inputs are {self._spec_list()}")
+            raise InputError(
+                f"{name!r} is not an input. The model's inputs are {self._spec_list()}"
+            )
         return _check_input(name, value, self.input_specs[name])
 
     def _spec_list(self) -> str:

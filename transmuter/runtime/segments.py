@@ -83,11 +83,7 @@ class SegmentRunner:
             for n in reads
             if n in env and is_host(env[n]) and env[n] is not self.model.host_constants.get(n)
         }
-        shapes = sorted(
-            (n, (tuple(np.shape(v)), _dtype_name(v)))
-            for n, v in device_args.items()
-            if n not in self.fixed
-        )
+        shapes = sorted((n, signature(v)) for n, v in device_args.items() if n not in self.fixed)
         key = (tuple(shapes), tuple(sorted((n, _digest(v)) for n, v in dynamic_host.items())))
         cache = self.caches.setdefault(start, OrderedDict())
         metadata = {"source": self.model.source, "position": start, "shapes": shapes}
@@ -105,7 +101,9 @@ class SegmentRunner:
             cache.popitem(last=False)  # dropping the executable frees it
             if telemetry.listening("transmuter.cache.evict"):
                 telemetry.emit(
-                    "transmuter.cache.evict", {"count": 1}, {**metadata, "cache_size": self.cache_size}
+                    "transmuter.cache.evict",
+                    {"count": 1},
+                    {**metadata, "cache_size": self.cache_size},
                 )
         return segment, device_args
 
@@ -158,8 +156,12 @@ class SegmentRunner:
         """Run the break node eagerly, with its host-needed inputs made concrete."""
         step = self.plan.steps[position]
         node = step.node
-        metadata = {"source": self.model.source, "position": position, "node": node.label,
-                    "op_type": node.op_type}
+        metadata = {
+            "source": self.model.source,
+            "position": position,
+            "node": node.label,
+            "op_type": node.op_type,
+        }
         with telemetry.span("transmuter.break", metadata):
             for index in step.opdef.host_inputs:
                 name = node.inputs[index] if index < len(node.inputs) else ""
@@ -198,10 +200,14 @@ def _reads_after(plan: Plan) -> list[frozenset[str]]:
     return result
 
 
-def _dtype_name(value: Any) -> str:
+def signature(value: Any) -> Any:
+    """What a compiled program depends on in a device value: (shape, dtype name) of a tensor,
+    a tuple of those for a sequence, None for an empty optional."""
+    if value is None:
+        return None
     if isinstance(value, list):
-        return "sequence"
-    return np.dtype(value.dtype).name if value is not None else "none"
+        return tuple(signature(v) for v in value)
+    return (tuple(value.shape), np.dtype(value.dtype).name)
 
 
 def _digest(value: Any) -> Any:
@@ -213,7 +219,11 @@ def _digest(value: Any) -> Any:
     if value.dtype == object:
         return (value.shape, tuple(value.ravel().tolist()))
     data = np.ascontiguousarray(value)
-    return (value.shape, value.dtype.str, hashlib.blake2b(data.view(np.uint8), digest_size=16).digest())
+    return (
+        value.shape,
+        value.dtype.str,
+        hashlib.blake2b(data.view(np.uint8), digest_size=16).digest(),
+    )
 
 
 class _DiskCacheProbe:
@@ -237,7 +247,10 @@ class _DiskCacheProbe:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.counts["/jax/compilation_cache/cache_hits"] > self.before["/jax/compilation_cache/cache_hits"]:
+        if (
+            self.counts["/jax/compilation_cache/cache_hits"]
+            > self.before["/jax/compilation_cache/cache_hits"]
+        ):
             self.outcome = "hit"
         elif jax.config.jax_compilation_cache_dir:
             self.outcome = "miss"

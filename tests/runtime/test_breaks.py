@@ -1,0 +1,343 @@
+"""Graph breaks, the segment cache, static inputs, the persistent cache and telemetry, on graphs
+where values decide shapes or branches, checked against ONNX Runtime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from opcheck import ort_run
+
+import transmuter
+from transmuter import telemetry
+
+F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def chain(prefix, x, n, out):
+    """n cheap nodes so a segment is long enough to be compiled (the eager threshold is 20)."""
+    nodes, current = [], x
+    for i in range(n):
+        name = out if i == n - 1 else f"{prefix}{i}"
+        nodes.append(helper.make_node("Sin" if i % 2 else "Cos", [current], [name]))
+        current = name
+    return nodes
+
+
+def nonzero_model():
+    """x -> 24 ops -> NonZero(x > 0) -> gather the positive values -> 24 ops -> y."""
+    nodes = chain("a", "x", 24, "h")
+    nodes += [
+        helper.make_node("Greater", ["h", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["where"], name="nonzero"),
+        helper.make_node("Transpose", ["where"], ["where_t"]),
+        helper.make_node("GatherND", ["h", "where_t"], ["picked"]),
+    ]
+    nodes += chain("b", "picked", 24, "y")
+    return make_model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, ["n", 3])],
+        [helper.make_tensor_value_info("y", F, ["k"])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+
+
+class Recorder:
+    def __init__(self, events):
+        self.seen = []
+        self.id = object()
+        telemetry.attach(self.id, events, lambda e, m, md: self.seen.append((e, m, md)))
+
+    def names(self):
+        return [e for e, _, _ in self.seen]
+
+    def close(self):
+        telemetry.detach(self.id)
+
+
+@pytest.fixture
+def recorder():
+    made = []
+
+    def make(events):
+        made.append(Recorder(events))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def test_nonzero_mid_graph_breaks_and_matches(rng):
+    proto = nonzero_model()
+    model = transmuter.load(proto)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    fn = transmuter.compile(model, {"x": x})
+    assert fn.segments == [(0, 25, True), (26, "end", True)]
+    for n in (5, 5, 7):
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        got = fn({"x": x})["y"]
+        np.testing.assert_allclose(got, ort_run(proto, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_short_segments_after_a_break_run_eagerly(rng):
+    proto = nonzero_model()
+    model = transmuter.load(proto)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    fn = transmuter.compile(model, {"x": x}, eager_threshold=30)
+    assert fn.segments == [(0, 25, False), (26, "end", False)]
+    np.testing.assert_allclose(fn({"x": x})["y"], ort_run(proto, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def if_model(then_shape, else_shape):
+    """An If on an input flag; each branch reshapes x differently."""
+
+    def branch(name, shape):
+        return helper.make_graph(
+            [helper.make_node("Reshape", ["x", f"{name}_shape"], [f"{name}_out"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", F, None)],
+            [numpy_helper.from_array(np.array(shape, np.int64), f"{name}_shape")],
+        )
+
+    nodes = (
+        chain("a", "x0", 22, "x")
+        + [
+            helper.make_node(
+                "If",
+                ["flag"],
+                ["chosen"],
+                name="the_if",
+                then_branch=branch("then", then_shape),
+                else_branch=branch("else", else_shape),
+            ),
+        ]
+        + chain("b", "chosen", 22, "y")
+    )
+    return make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x0", F, [4, 6]),
+            helper.make_tensor_value_info("flag", BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+
+
+def test_if_with_different_branch_shapes_breaks(rng, recorder):
+    proto = if_model([3, 8], [24])
+    model = transmuter.load(proto)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    events = recorder(["transmuter.segment.compile.stop", "transmuter.break.stop"])
+    fn = transmuter.compile(model, {"x0": x, "flag": np.array(True)})
+    for flag in (True, False, True):
+        inputs = {"x0": x, "flag": np.array(flag)}
+        got = fn(inputs)["y"]
+        assert got.shape == ((3, 8) if flag else (24,))
+        np.testing.assert_allclose(got, ort_run(proto, inputs)[0], rtol=1e-5, atol=1e-6)
+    first = [md for e, _, md in events.seen if e == "transmuter.segment.compile.stop"][0]
+    assert first["stop"] == 22 and first["reason"] == "the If condition" and first["compiled"]
+    breaks = [md for e, _, md in events.seen if e == "transmuter.break.stop"]
+    assert breaks[0]["op_type"] == "If" and breaks[0]["node"] == "the_if"
+
+
+def test_if_with_equal_branch_shapes_stays_compiled(rng):
+    proto = if_model([3, 8], [3, 8])
+    model = transmuter.load(proto)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    fn = transmuter.compile(model, {"x0": x, "flag": np.array(True)})
+    assert fn.segments == [(0, "end", True)]
+    np.testing.assert_allclose(
+        fn({"x0": x, "flag": np.array(False)})["y"],
+        ort_run(proto, {"x0": x, "flag": np.array(False)})[0],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_static_input_decides_the_branch_without_a_break(rng, recorder):
+    """A merged-decoder-style If on use_cache_branch, given as a static input."""
+    proto = if_model([3, 8], [24])
+    model = transmuter.load(proto)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    misses = recorder(["transmuter.cache.miss"])
+    fn = transmuter.compile(model, {"x0": x}, static_inputs={"flag": np.array(False)})
+    assert fn.segments == [(0, "end", True)]
+    assert fn({"x0": x})["y"].shape == (24,)  # the compile-time value is used
+    assert len(misses.seen) == 1
+    got = fn({"x0": x, "flag": np.array(True)})["y"]  # a new value compiles again
+    assert got.shape == (3, 8) and len(misses.seen) == 2
+    np.testing.assert_allclose(got, ort_run(proto, {"x0": x, "flag": np.array(True)})[0], rtol=1e-5)
+
+
+def test_loop_with_a_trip_count_from_data(rng):
+    """The trip count is computed from an input value: a break at the Loop."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Mul", ["acc_in", "two"], ["acc_out"]),
+            helper.make_node("Cast", ["i"], ["i_f"], to=F),
+            helper.make_node("Add", ["acc_out", "i_f"], ["scan_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", I64, []),
+            helper.make_tensor_value_info("cond_in", BOOL, []),
+            helper.make_tensor_value_info("acc_in", F, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", BOOL, []),
+            helper.make_tensor_value_info("acc_out", F, [2]),
+            helper.make_tensor_value_info("scan_out", F, [2]),
+        ],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["counts"], ["total"], keepdims=0),
+        helper.make_node("Loop", ["total", "", "start"], ["final", "scanned"], body=body),
+    ]
+    proto = make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("counts", I64, [2]),
+            helper.make_tensor_value_info("start", F, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("final", F, [2]),
+            helper.make_tensor_value_info("scanned", F, None),
+        ],
+    )
+    model = transmuter.load(proto)
+    start = rng.standard_normal(2).astype(np.float32)
+    fn = transmuter.compile(model, {"counts": np.array([1, 2]), "start": start})
+    for counts in ([1, 2], [0, 5], [2, 2]):
+        inputs = {"counts": np.array(counts), "start": start}
+        got = fn(inputs)
+        want = ort_run(proto, inputs)
+        np.testing.assert_allclose(got["final"], want[0], rtol=1e-5)
+        np.testing.assert_allclose(got["scanned"], want[1], rtol=1e-5)
+
+
+def test_eviction_keeps_the_most_recent(rng, recorder):
+    proto = nonzero_model()
+    model = transmuter.load(proto)
+    events = recorder(["transmuter.cache.evict", "transmuter.cache.hit"])
+    fn = transmuter.compile(model, {"x": np.ones((2, 3), np.float32)}, cache_size=2)
+    for n in (3, 4):  # position 0 now holds n=3 and n=4; n=2 is evicted
+        fn({"x": np.ones((n, 3), np.float32)})
+    evicted = [md for e, _, md in events.seen if e == "transmuter.cache.evict"]
+    assert evicted and evicted[0]["cache_size"] == 2 and evicted[0]["position"] == 0
+    assert [s[0][0][1][0] for s in fn.runner.caches[0]] == [(3, 3), (4, 3)]
+    fn({"x": np.ones((4, 3), np.float32)})
+    assert any(e == "transmuter.cache.hit" and md["position"] == 0 for e, _, md in events.seen)
+
+
+def test_break_free_graph_at_compile_shapes_skips_the_cache(rng, recorder):
+    proto = make_model(
+        chain("a", "x", 3, "y"),
+        [helper.make_tensor_value_info("x", F, ["n"])],
+        [helper.make_tensor_value_info("y", F, ["n"])],
+    )
+    model = transmuter.load(proto)
+    events = recorder(["transmuter.cache.hit", "transmuter.cache.miss"])
+    fn = transmuter.compile(model, {"x": np.ones(3, np.float32)})
+    fn({"x": np.ones(3, np.float32)})
+    assert events.names() == ["transmuter.cache.miss"]
+    fn({"x": np.ones(4, np.float32)})
+    fn({"x": np.ones(4, np.float32)})
+    assert events.names() == [
+        "transmuter.cache.miss",
+        "transmuter.cache.miss",
+        "transmuter.cache.hit",
+    ]
+
+
+def test_events_in_order_with_metadata(rng, recorder, tmp_path):
+    proto = nonzero_model()
+    path = tmp_path / "nz.onnx"
+    onnx.save(proto, path)
+    events = recorder(
+        [
+            f"transmuter.{name}.{kind}"
+            for name in ("load", "compile", "call", "segment.compile", "break")
+            for kind in ("start", "stop")
+        ]
+        + ["transmuter.cache.miss"]
+    )
+    model = transmuter.load(path)
+    transmuter.compile(model, {"x": np.ones((2, 3), np.float32)})
+    assert events.names() == [
+        "transmuter.load.start",
+        "transmuter.load.stop",
+        "transmuter.compile.start",
+        "transmuter.call.start",
+        "transmuter.cache.miss",
+        "transmuter.segment.compile.start",
+        "transmuter.segment.compile.stop",
+        "transmuter.break.start",
+        "transmuter.break.stop",
+        "transmuter.cache.miss",
+        "transmuter.segment.compile.start",
+        "transmuter.segment.compile.stop",
+        "transmuter.call.stop",
+        "transmuter.compile.stop",
+    ]
+    by_name = {e: (m, md) for e, m, md in events.seen}
+    measurements, metadata = by_name["transmuter.load.stop"]
+    assert metadata == {"source": str(path), "node_count": 52, "opset": 17}
+    assert measurements["duration"] > 0
+    assert set(by_name["transmuter.load.start"][0]) == {"system_time", "monotonic_time"}
+    assert by_name["transmuter.compile.stop"][1]["graph_break"] is True
+    stop = [md for e, _, md in events.seen if e == "transmuter.segment.compile.stop"]
+    assert stop[0]["stop"] == 25 and stop[0]["compiled"] is True
+    assert stop[0]["shapes"] == [("x", ((2, 3), "float32"))] and stop[0]["disk_cache"] is None
+    assert stop[1]["stop"] == "end" and stop[1]["reason"] is None
+    assert "NonZero" in by_name["transmuter.break.stop"][1]["op_type"]
+
+
+def test_exception_events_carry_the_reason(recorder):
+    events = recorder(["transmuter.load.exception"])
+    with pytest.raises(transmuter.ModelLoadError):
+        transmuter.load(b"not a model")
+    ((event, measurements, metadata),) = events.seen
+    assert metadata["kind"] == "ModelLoadError" and "not a valid ONNX model" in metadata["reason"]
+    assert "stacktrace" in metadata and "duration" in measurements
+
+
+def test_a_failing_handler_is_detached(caplog):
+    telemetry.attach("broken", ["transmuter.load.start"], lambda *a: 1 / 0)
+    transmuter.load(nonzero_model())
+    assert not telemetry.listening("transmuter.load.start")
+    assert "detaching" in caplog.text
+
+
+def test_second_process_hits_the_disk_cache(tmp_path):
+    onnx.save(nonzero_model(), tmp_path / "nz.onnx")
+    script = textwrap.dedent(f"""
+        import numpy as np, transmuter
+        seen = []
+        transmuter.telemetry.attach("t", ["transmuter.segment.compile.stop"],
+                                    lambda e, m, md: seen.append(md["disk_cache"]))
+        model = transmuter.load({str(tmp_path / "nz.onnx")!r})
+        transmuter.compile(model, {{"x": np.ones((3, 3), np.float32)}}, cache_dir={str(tmp_path / "cache")!r})
+        print(",".join(seen))
+    """)
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout.strip() == "miss,miss", runs[0].stderr
+    assert runs[1].stdout.strip() == "hit,hit", runs[1].stderr

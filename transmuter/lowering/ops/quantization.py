@@ -1,0 +1,620 @@
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the integer
+products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
+
+Integer products accumulate in int32 (`preferred_element_type`), the only width the spec lets
+overflow. Rounding is half to even (`jnp.round`); integer targets saturate to their range.
+Float8/float4 targets use XLA's conversions, which round to nearest even like ml_dtypes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from transmuter import dtypes
+from transmuter.errors import ShapeError
+from transmuter.lowering import op
+from transmuter.lowering.ops.conv import same_pads, spatial_attrs
+
+_INT_RANGES = {
+    np.dtype(t): (int(ml_dtypes.iinfo(t).min), int(ml_dtypes.iinfo(t).max))
+    for t in (
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int16,
+        ml_dtypes.uint4,
+        ml_dtypes.int4,
+        ml_dtypes.uint2,
+        ml_dtypes.int2,
+    )
+}
+_FLOAT8 = {
+    np.dtype(t)
+    for t in (
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz,
+    )
+}
+# No infinity or NaN encoding: these always saturate, whatever `saturate` says (QuantizeLinear-28).
+_SATURATING_FLOATS = {
+    np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn)
+}
+_PLAIN_FLOATS = {np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)}
+_DEQUANT_OUTPUTS = {np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32)}
+_F32 = np.dtype(np.float32)
+
+
+def _axis(axis: int, rank: int, op_type: str) -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"{op_type}: axis {axis} is out of range for an input of rank {rank}")
+    return axis % rank
+
+
+def _granular(value, shape, axis: int, block_size: int, what: str):
+    """`value` (a scale or zero point) made broadcastable to `shape`: a scalar (per tensor), a
+    1-D tensor along `axis` (per axis), or with `block_size`, one entry per block along `axis`."""
+    value = jnp.asarray(value)
+    if value.size == 1:
+        return value.reshape(())
+    rank = len(shape)
+    axis = _axis(axis, rank, what)
+    if block_size < 0:
+        raise ValueError(f"{what}: block_size must be positive, got {block_size}")
+    if not block_size:
+        if value.ndim != 1 or value.shape[0] != shape[axis]:
+            raise ShapeError(
+                f"{what}: expected a scalar or a 1-D tensor of {shape[axis]} values (axis {axis} "
+                f"of input shape {tuple(shape)}), got shape {value.shape}; blocked quantization "
+                "needs block_size"
+            )
+        return value.reshape(tuple(-1 if i == axis else 1 for i in range(rank)))
+    size = shape[axis]
+    blocks = value.shape[axis] if value.ndim == rank else 0
+    if (
+        value.ndim != rank
+        or any(v != s for i, (v, s) in enumerate(zip(value.shape, shape, strict=True)) if i != axis)
+        or not (blocks - 1) * block_size < size <= blocks * block_size
+    ):
+        expected = tuple(-(-size // block_size) if i == axis else d for i, d in enumerate(shape))
+        raise ShapeError(
+            f"{what}: blocked quantization of input shape {tuple(shape)} along axis {axis} with "
+            f"block_size {block_size} needs shape {expected}, got {value.shape}"
+        )
+    value = jnp.repeat(value, block_size, axis=axis, total_repeat_length=blocks * block_size)
+    return lax.slice_in_dim(value, 0, size, axis=axis)
+
+
+def _require_scalar(value, what: str) -> None:
+    if value is not None and np.size(value) != 1:
+        raise ShapeError(f"{what} must be a scalar at this opset, got shape {np.shape(value)}")
+
+
+def _division_dtype(scale_dtype, precision: int) -> np.dtype:
+    """The type x / y_scale is computed in: `precision` if given, else y_scale's type."""
+    if precision:
+        chosen = dtypes.from_onnx(precision)
+        if chosen not in _PLAIN_FLOATS:
+            raise ValueError(f"QuantizeLinear: precision must be a float type, got {chosen}")
+        return chosen
+    scale_dtype = np.dtype(scale_dtype)
+    if scale_dtype in _PLAIN_FLOATS:
+        return scale_dtype
+    # int32 scales (QuantizeLinear-19/21) are exact in float64; float8e8m0 scales (24+) are
+    # powers of two, exact in float32.
+    return np.dtype(np.float64) if scale_dtype.kind == "i" else _F32
+
+
+def _to_float(value, dtype=_F32):
+    """Cast to a float type, through float32 for float8e8m0, which XLA converts only to f32."""
+    value = jnp.asarray(value)
+    if value.dtype == np.dtype(ml_dtypes.float8_e8m0fnu) and dtype != _F32:
+        value = value.astype(_F32)
+    return value.astype(dtype)
+
+
+def _divide(x, scale, dtype: np.dtype):
+    """x / scale rounded once to `dtype`, as an IEEE division in `dtype` gives it.
+
+    XLA rewrites a division by a broadcast value into a multiplication by its reciprocal, which
+    can land a quotient such as 127.49999 on the tie 127.5. Dividing in float64 keeps the error
+    far below half an ulp of float32, so the rounding to `dtype` is exact (x64 is on while
+    Transmuter traces)."""
+    wide = np.dtype(np.float64)
+    return (_to_float(x, wide) / _to_float(scale, wide)).astype(dtype)
+
+
+def _saturate_cast(value, target: np.dtype, saturate: int):
+    """A float value converted to float8/float4/float6 `target`; saturating clips to +-max.
+
+    Saturation takes +-inf to +-max for every float8 type. Cast's table says NaN for the FNUZ
+    types, but ONNX Runtime, onnx.reference and the backend test data all clip."""
+    if target in _SATURATING_FLOATS or saturate:
+        limit = float(ml_dtypes.finfo(target).max)
+        value = jnp.clip(value, -limit, limit)
+    return value.astype(target)
+
+
+def _plus_float_zero(value, zero):
+    """value + zero for float8/float4 targets. ONNX Runtime and onnx.reference ignore float8
+    zero points; the spec's formula adds them. A zero one is skipped so that -0 stays -0
+    (-0 + 0 is +0), as both keep it."""
+    zero = _to_float(zero, value.dtype)
+    return jnp.where(zero == 0, value, value + zero)
+
+
+def _quantize(x, y_scale, y_zero_point, *, axis, block_size, saturate, target, precision):
+    x, y_scale = jnp.asarray(x), jnp.asarray(y_scale)
+    if target not in _INT_RANGES and target not in _FLOAT8 and target not in _SATURATING_FLOATS:
+        raise ValueError(f"QuantizeLinear: {target} is not a quantized type")
+    compute = _division_dtype(y_scale.dtype, precision)
+    # x and y_scale are first rounded to the division type, as dividing in that type does.
+    scale = _to_float(
+        _granular(y_scale, x.shape, axis, block_size, "QuantizeLinear y_scale"), compute
+    )
+    value = _divide(_to_float(x, compute), scale, compute)
+    zero = None
+    if y_zero_point is not None:
+        zero = _granular(y_zero_point, x.shape, axis, block_size, "QuantizeLinear y_zero_point")
+    if target in _INT_RANGES:
+        # Round in the division type, then widen: float16 cannot hold every uint16 zero point.
+        wide = np.dtype(np.float64) if compute == np.float64 else _F32
+        value = jnp.round(value).astype(wide)
+        if zero is not None:
+            value = value + zero.astype(wide)
+        low, high = _INT_RANGES[target]
+        return jnp.clip(value, low, high).astype(target)
+    value = value.astype(_F32) if compute != np.float64 else value
+    if zero is not None:
+        value = _plus_float_zero(value, zero)
+    return _saturate_cast(value, target, saturate)
+
+
+def _output_type(y_zero_point, output_dtype: int) -> np.dtype:
+    if output_dtype:
+        chosen = dtypes.from_onnx(output_dtype)
+        if y_zero_point is not None and np.dtype(y_zero_point.dtype) != chosen:
+            raise ValueError(
+                f"QuantizeLinear: output_dtype is {chosen} but y_zero_point is "
+                f"{np.dtype(y_zero_point.dtype)}; they must agree"
+            )
+        return chosen
+    return np.dtype(y_zero_point.dtype) if y_zero_point is not None else np.dtype(np.uint8)
+
+
+@op("QuantizeLinear", since=10)
+def quantize_linear_v10(x, y_scale, y_zero_point=None):
+    """ONNX QuantizeLinear-10: per-tensor saturate(round(x / y_scale) + y_zero_point)."""
+    _require_scalar(y_scale, "QuantizeLinear-10 y_scale")
+    _require_scalar(y_zero_point, "QuantizeLinear-10 y_zero_point")
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=0,
+        block_size=0,
+        saturate=1,
+        target=_output_type(y_zero_point, 0),
+        precision=0,
+    )
+
+
+@op("QuantizeLinear", since=13)
+def quantize_linear_v13(x, y_scale, y_zero_point=None, *, axis=1):
+    """ONNX QuantizeLinear-13: per-tensor or per-axis, to int8/uint8."""
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=0,
+        saturate=1,
+        target=_output_type(y_zero_point, 0),
+        precision=0,
+    )
+
+
+@op("QuantizeLinear", since=19)
+def quantize_linear_v19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
+    """ONNX QuantizeLinear-19: adds float8 targets with `saturate`, and half-precision inputs."""
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=0,
+        saturate=saturate,
+        target=_output_type(y_zero_point, 0),
+        precision=0,
+    )
+
+
+@op("QuantizeLinear", since=21)
+def quantize_linear_v21(
+    x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1
+):
+    """ONNX QuantizeLinear-21: adds blocked quantization, output_dtype and (u)int16/(u)int4."""
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=block_size,
+        saturate=saturate,
+        target=_output_type(y_zero_point, output_dtype),
+        precision=0,
+    )
+
+
+@op("QuantizeLinear", since=(23, 24, 25, 28))
+def quantize_linear_v23(
+    x,
+    y_scale,
+    y_zero_point=None,
+    *,
+    axis=1,
+    block_size=0,
+    output_dtype=0,
+    precision=0,
+    saturate=1,
+):
+    """ONNX QuantizeLinear-23..28: y_scale's type (or `precision`) sets the division type;
+    adds float4e2m1 (23), float8e8m0 scales (24), (u)int2 (25) and float6 (28) targets."""
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=block_size,
+        saturate=saturate,
+        target=_output_type(y_zero_point, output_dtype),
+        precision=precision,
+    )
+
+
+def _dequantize(x, x_scale, x_zero_point, *, axis, block_size, output):
+    x, x_scale = jnp.asarray(x), jnp.asarray(x_scale)
+    if output not in _DEQUANT_OUTPUTS:
+        raise ValueError(
+            f"DequantizeLinear: the output type {output} is not float, float16 or bfloat16 "
+            "(a float8e8m0 x_scale needs output_dtype)"
+        )
+    if x.dtype.kind in "iu":
+        value = x.astype(jnp.int32)
+        if x_zero_point is not None:
+            zero = _granular(
+                x_zero_point, x.shape, axis, block_size, "DequantizeLinear x_zero_point"
+            )
+            value = value - zero.astype(jnp.int32)
+        value = value.astype(_F32)
+    else:
+        value = _to_float(x)
+        if x_zero_point is not None:
+            zero = _granular(
+                x_zero_point, x.shape, axis, block_size, "DequantizeLinear x_zero_point"
+            )
+            value = value - _to_float(zero)
+    # Multiplied in float32 and rounded once to the output type: every quantized value and
+    # every scale is exact in float32, which (x - zero) in float16 is not for 16-bit types.
+    scale = _to_float(_granular(x_scale, x.shape, axis, block_size, "DequantizeLinear x_scale"))
+    return (value * scale).astype(output)
+
+
+@op("DequantizeLinear", since=10)
+def dequantize_linear_v10(x, x_scale, x_zero_point=None):
+    """ONNX DequantizeLinear-10: per-tensor (x - x_zero_point) * x_scale."""
+    _require_scalar(x_scale, "DequantizeLinear-10 x_scale")
+    _require_scalar(x_zero_point, "DequantizeLinear-10 x_zero_point")
+    return _dequantize(
+        x, x_scale, x_zero_point, axis=0, block_size=0, output=np.dtype(jnp.asarray(x_scale).dtype)
+    )
+
+
+@op("DequantizeLinear", since=(13, 19))
+def dequantize_linear_v13(x, x_scale, x_zero_point=None, *, axis=1):
+    """ONNX DequantizeLinear-13/19: per-tensor or per-axis; 19 adds float8 and half scales."""
+    return _dequantize(
+        x,
+        x_scale,
+        x_zero_point,
+        axis=axis,
+        block_size=0,
+        output=np.dtype(jnp.asarray(x_scale).dtype),
+    )
+
+
+@op("DequantizeLinear", since=21)
+def dequantize_linear_v21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
+    """ONNX DequantizeLinear-21: adds blocked quantization and (u)int16/(u)int4 inputs."""
+    return _dequantize(
+        x,
+        x_scale,
+        x_zero_point,
+        axis=axis,
+        block_size=block_size,
+        output=np.dtype(jnp.asarray(x_scale).dtype),
+    )
+
+
+@op("DequantizeLinear", since=(23, 24, 25, 28))
+def dequantize_linear_v23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+    """ONNX DequantizeLinear-23..28: output_dtype; float4e2m1 (23), float8e8m0 scales (24),
+    (u)int2 (25) and float6 (28) inputs."""
+    output = (
+        dtypes.from_onnx(output_dtype) if output_dtype else np.dtype(jnp.asarray(x_scale).dtype)
+    )
+    return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output=output)
+
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(x):
+    """ONNX DynamicQuantizeLinear-11: uint8 quantization with a range that includes 0."""
+    x = jnp.asarray(x)
+    high = jnp.max(x, initial=0.0)
+    low = jnp.min(x, initial=0.0)
+    # An all-zero (or empty) x would give scale 0 and NaNs; ONNX Runtime uses 1 there.
+    scale = jnp.where(high == low, jnp.float32(1.0), (high - low) / jnp.float32(255.0))
+    zero = jnp.round(jnp.clip(-low / scale, 0.0, 255.0))
+    y = jnp.clip(jnp.round(_divide(x, scale, _F32)) + zero, 0.0, 255.0).astype(jnp.uint8)
+    return y, scale.astype(jnp.float32), zero.astype(jnp.uint8)
+
+
+def _row_zero(zero, a, what: str):
+    """A's zero point (or scale) broadcastable to A: a 1-D tensor holds one value per row."""
+    zero = jnp.asarray(zero)
+    if zero.size == 1:
+        return zero.reshape(())
+    if zero.ndim == 1:
+        if a.ndim < 2 or zero.shape[0] != a.shape[-2]:
+            raise ShapeError(
+                f"{what}: a 1-D tensor holds one value per row of A (shape {a.shape}), got "
+                f"{zero.shape[0]} values"
+            )
+        return zero[:, None]
+    return zero
+
+
+def _col_zero(zero, b, what: str):
+    """B's zero point (or scale) broadcastable to B: a 1-D tensor holds one value per column."""
+    zero = jnp.asarray(zero)
+    if zero.size == 1:
+        return zero.reshape(())
+    if zero.ndim == 1 and (b.ndim < 2 or zero.shape[0] != b.shape[-1]):
+        raise ShapeError(
+            f"{what}: a 1-D tensor holds one value per column of B (shape {b.shape}), got "
+            f"{zero.shape[0]} values"
+        )
+    return zero
+
+
+def _shifted(x, zero, int_path: bool):
+    """x - zero in int32 (integer inputs) or float32 (float8 inputs)."""
+    x = jnp.asarray(x)
+    dtype = jnp.int32 if int_path else jnp.float32
+    value = x.astype(dtype) if int_path else _to_float(x)
+    if zero is not None:
+        value = value - (zero.astype(dtype) if int_path else _to_float(zero))
+    return value
+
+
+@op("MatMulInteger", since=10)
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """ONNX MatMulInteger-10: (A - a_zero_point) @ (B - b_zero_point) accumulated in int32."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    za = None if a_zero_point is None else _row_zero(a_zero_point, a, "MatMulInteger a_zero_point")
+    zb = None if b_zero_point is None else _col_zero(b_zero_point, b, "MatMulInteger b_zero_point")
+    return jnp.matmul(
+        _shifted(a, za, True), _shifted(b, zb, True), preferred_element_type=jnp.int32
+    )
+
+
+def _requantize(acc, multiplier, y_zero_point):
+    """acc * multiplier quantized to y_zero_point's type (QLinear* outputs)."""
+    y_zero_point = jnp.asarray(y_zero_point)
+    target = np.dtype(y_zero_point.dtype)
+    value = acc.astype(jnp.float32) * multiplier
+    if target in _INT_RANGES:
+        low, high = _INT_RANGES[target]
+        value = jnp.round(value) + y_zero_point.astype(jnp.float32)
+        return jnp.clip(value, low, high).astype(target)
+    if target not in _FLOAT8:
+        raise ValueError(f"the output zero point has type {target}, not a quantized type")
+    return _saturate_cast(_plus_float_zero(value, y_zero_point), target, 1)
+
+
+@op("QLinearMatMul", since=(10, 21))
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """ONNX QLinearMatMul-10/21: quantized matmul; 21 adds float8 types and half scales."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    int_path = a.dtype.kind in "iu" and b.dtype.kind in "iu"
+    lhs = _shifted(a, _row_zero(a_zero_point, a, "QLinearMatMul a_zero_point"), int_path)
+    rhs = _shifted(b, _col_zero(b_zero_point, b, "QLinearMatMul b_zero_point"), int_path)
+    if int_path:
+        acc = jnp.matmul(lhs, rhs, preferred_element_type=jnp.int32)
+    else:
+        acc = jnp.matmul(lhs, rhs, precision=lax.Precision.HIGHEST)
+    a_scale = _to_float(_row_zero(a_scale, a, "QLinearMatMul a_scale"))
+    b_scale = _to_float(_col_zero(b_scale, b, "QLinearMatMul b_scale"))
+    # The shape of a per-row scale is (..., M, 1) and of a per-column one (..., 1, N) or (N,):
+    # their product broadcasts over the (..., M, N) result.
+    multiplier = a_scale * b_scale / _to_float(jnp.asarray(y_scale).reshape(()))
+    return _requantize(acc, multiplier, y_zero_point)
+
+
+def _conv_window(op_type, x, w, kernel_shape, group, strides, dilations, pads, auto_pad):
+    """Checked shapes and explicit (begin, end) pads of an integer convolution."""
+    rank = x.ndim - 2
+    if rank < 1 or w.ndim != x.ndim:
+        raise ShapeError(
+            f"{op_type}: X must be (N, C, D1, ...) and W of the same rank, got {x.shape} and {w.shape}"
+        )
+    if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
+        raise ShapeError(
+            f"{op_type}: X has {x.shape[1]} channels and W {w.shape[0]} filters of {w.shape[1]} "
+            f"channels; both must fit group {group}"
+        )
+    if kernel_shape is not None and tuple(kernel_shape) != tuple(w.shape[2:]):
+        raise ShapeError(
+            f"{op_type}: kernel_shape {tuple(kernel_shape)} does not match W's spatial shape "
+            f"{tuple(w.shape[2:])}"
+        )
+    strides, dilations, pad_pairs = spatial_attrs(op_type, rank, strides, dilations, pads, auto_pad)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pad_pairs = tuple(
+            same_pads(n, (k - 1) * d + 1, s, auto_pad == "SAME_UPPER")
+            for n, k, s, d in zip(x.shape[2:], w.shape[2:], strides, dilations, strict=True)
+        )
+    elif auto_pad == "VALID":
+        pad_pairs = ((0, 0),) * rank
+    return strides, dilations, pad_pairs
+
+
+def _conv_by_taps(x, w, strides, dilations, pad_pairs, group):
+    """An int32 convolution as a sum of one matmul per kernel tap, for backends without integer
+    convolutions (XLA:GPU rejects them)."""
+    rank = x.ndim - 2
+    x = jnp.pad(x, ((0, 0), (0, 0)) + tuple(pad_pairs))
+    n, _, *sizes = x.shape
+    filters, per_group, *kernel = w.shape
+    outs = [
+        max((size - (k - 1) * d - 1) // s + 1, 0)
+        for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True)
+    ]
+    xg = x.reshape((n, group, per_group, *sizes))
+    wg = w.reshape((group, filters // group, per_group, *kernel))
+    y = jnp.zeros((n, group, filters // group, *outs), jnp.int32)
+    if 0 in outs:
+        return y.reshape((n, filters, *outs))
+    spatial = "hijkl"[:rank]
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        start = [t * d for t, d in zip(tap, dilations, strict=True)]
+        window = lax.slice(
+            xg,
+            (0, 0, 0, *start),
+            (
+                n,
+                group,
+                per_group,
+                *[b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True)],
+            ),
+            (1, 1, 1, *strides),
+        )
+        y = y + jnp.einsum(
+            f"ngc{spatial},gmc->ngm{spatial}",
+            window,
+            wg[(slice(None),) * 3 + tap],
+            preferred_element_type=jnp.int32,
+        )
+    return y.reshape((n, filters, *outs))
+
+
+def _conv_int32(x, w, strides, dilations, pad_pairs, group):
+    """An int32 convolution of int32 x and w: XLA's on CPU and TPU, taps elsewhere."""
+
+    def direct(x, w):
+        return lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=strides,
+            padding=pad_pairs,
+            rhs_dilation=dilations,
+            feature_group_count=group,
+            preferred_element_type=jnp.int32,
+        )
+
+    def taps(x, w):
+        return _conv_by_taps(x, w, strides, dilations, pad_pairs, group)
+
+    return lax.platform_dependent(x, w, cpu=direct, tpu=direct, default=taps)
+
+
+def _filter_zero(zero, w, what: str):
+    """W's zero point (or scale): a scalar or one value per output channel."""
+    zero = jnp.asarray(zero)
+    if zero.size == 1:
+        return zero.reshape(())
+    if zero.ndim != 1 or zero.shape[0] != w.shape[0]:
+        raise ShapeError(
+            f"{what}: expected a scalar or {w.shape[0]} values (one per output channel), got shape {zero.shape}"
+        )
+    return zero.reshape((-1,) + (1,) * (w.ndim - 1))
+
+
+@op("ConvInteger", since=10)
+def conv_integer(
+    x,
+    w,
+    x_zero_point=None,
+    w_zero_point=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ONNX ConvInteger-10: Conv of (x - x_zero_point) and (w - w_zero_point) in int32."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    window = _conv_window(
+        "ConvInteger", x, w, kernel_shape, group, strides, dilations, pads, auto_pad
+    )
+    _require_scalar(x_zero_point, "ConvInteger x_zero_point")
+    zx = None if x_zero_point is None else jnp.asarray(x_zero_point).reshape(())
+    zw = None if w_zero_point is None else _filter_zero(w_zero_point, w, "ConvInteger w_zero_point")
+    # Shifting before padding makes the padding equal x_zero_point, as ONNX Runtime pads.
+    return _conv_int32(_shifted(x, zx, True), _shifted(w, zw, True), *window, group)
+
+
+@op("QLinearConv", since=10)
+def qlinear_conv(
+    x,
+    x_scale,
+    x_zero_point,
+    w,
+    w_scale,
+    w_zero_point,
+    y_scale,
+    y_zero_point,
+    b=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ONNX QLinearConv-10: quantized Conv with an int32 bias (scale x_scale * w_scale)."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    window = _conv_window(
+        "QLinearConv", x, w, kernel_shape, group, strides, dilations, pads, auto_pad
+    )
+    for value, what in (
+        (x_scale, "x_scale"),
+        (x_zero_point, "x_zero_point"),
+        (y_scale, "y_scale"),
+        (y_zero_point, "y_zero_point"),
+    ):
+        _require_scalar(value, f"QLinearConv {what}")
+    lhs = _shifted(x, jnp.asarray(x_zero_point).reshape(()), True)
+    rhs = _shifted(w, _filter_zero(w_zero_point, w, "QLinearConv w_zero_point"), True)
+    acc = _conv_int32(lhs, rhs, *window, group)
+    channel = (1, -1) + (1,) * (x.ndim - 2)
+    if b is not None:
+        acc = acc + jnp.asarray(b).astype(jnp.int32).reshape(channel)
+    w_scale = _to_float(_filter_zero(w_scale, w, "QLinearConv w_scale")).reshape(
+        () if np.size(w_scale) == 1 else channel
+    )
+    multiplier = (
+        _to_float(jnp.asarray(x_scale).reshape(()))
+        * w_scale
+        / _to_float(jnp.asarray(y_scale).reshape(()))
+    )
+    return _requantize(acc, multiplier, jnp.asarray(y_zero_point).reshape(()))
