@@ -38,7 +38,17 @@ def export_onnx(path: Path) -> None:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(checkpoint_dir(), attn_implementation="eager").eval()
+    class Encoder(torch.nn.Module):  # keyword arguments: BertModel's positional order varies
+        def __init__(self):
+            super().__init__()
+            self.bert = AutoModel.from_pretrained(checkpoint_dir(), attn_implementation="eager")
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    model = Encoder().eval()
     ids = torch.ones((2, 8), dtype=torch.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     axes = {0: "batch", 1: "sequence"}
