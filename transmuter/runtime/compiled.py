@@ -47,6 +47,8 @@ class CompiledModel:
         if cache_dir is not None:
             use_persistent_cache(cache_dir)
         self.runner = SegmentRunner(model, cache_size=cache_size, eager_threshold=eager_threshold)
+        # Graphs with random operators draw from a key stream: a new key per call.
+        self._keys = jax.random.key(0) if _has_random(model.plan) else None
         self._fast: tuple | None = None
         with telemetry.span("transmuter.compile", {"source": model.source}) as span:
             self(example_inputs)
@@ -73,19 +75,23 @@ class CompiledModel:
                 seen[(start, stop, segment.program is not None)] = None
         return list(seen)
 
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(self, inputs: Mapping[str, Any], *, key: Any = None) -> dict[str, Any]:
+        """Run on `inputs`. `key` seeds the random operators of this call; without it, calls
+        draw from the callable's own key stream, so each call draws new values."""
         with telemetry.span("transmuter.call", {"source": self.model.source}):
             arrays = self._arrays(inputs)
             with x64_scope():
+                if key is None and self._keys is not None:
+                    self._keys, key = jax.random.split(self._keys)
                 if self._fast is not None and self._signature(arrays) == self._fast[0]:
-                    return self._run_fast(arrays)
+                    return self._run_fast(arrays, key)
                 env: dict[str, Any] = dict(self.model.host_constants)
                 env.update(self.model.device_constants)
                 env.update(self.model.params)
                 env.update(
                     {k: v if k in self.static_inputs else on_device(v) for k, v in arrays.items()}
                 )
-                self.runner.run(env)
+                self.runner.run(env, key)
                 return {name: _as_output(env[name]) for name in self.model.outputs}
 
     def _arrays(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,12 +108,12 @@ class CompiledModel:
             for k, v in arrays.items()
         )
 
-    def _run_fast(self, arrays) -> dict[str, Any]:
+    def _run_fast(self, arrays, key) -> dict[str, Any]:
         """A break-free graph at its compile-time signature: call the program, skip the cache."""
         _, segment, fixed = self._fast
         args = dict(fixed)
         args.update((n, v) for n, v in arrays.items() if n not in self.static_inputs)
-        produced = segment.program(args)
+        produced = segment.program(args, None if key is None else jax.random.fold_in(key, 0))
         outputs = {}
         for name in self.model.outputs:
             for source in (
@@ -121,6 +127,11 @@ class CompiledModel:
                     outputs[name] = _as_output(source[name])
                     break
         return outputs
+
+
+def _has_random(plan) -> bool:
+    plans = [plan, *plan.subplans.values()]
+    return any(step.opdef.random for p in plans for step in p.steps)
 
 
 def _static_key(value: np.ndarray) -> Any:

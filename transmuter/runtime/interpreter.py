@@ -148,7 +148,7 @@ class Interpreter:
             if index < len(args) and args[index] is not None:
                 if _is_traced(args[index]):
                     reason = opdef.host_inputs.get(
-                        index, "its input values (the output shape depends on them)"
+                        index, "its input values, which decide its output shape"
                     )
                     raise HostValueNeeded(node.label, node.op_type, node.inputs[index], reason)
                 args[index] = to_host(args[index])

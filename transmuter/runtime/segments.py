@@ -56,25 +56,30 @@ class SegmentRunner:
         self.reads_after = _reads_after(self.plan)
         self.fixed = set(model.params) | set(model.device_constants)
 
-    def run(self, env: dict[str, Any]) -> None:
-        """Run every node, updating `env` (name -> value) in place. Call inside `x64_scope`."""
+    def run(self, env: dict[str, Any], key: Any = None) -> None:
+        """Run every node, updating `env` (name -> value) in place. Call inside `x64_scope`.
+        `key` is the call's PRNG key (None for graphs without random operators); each segment
+        and break draws from it folded with its position, so no two draw the same values."""
         start = 0
         steps = self.plan.steps
         while start < len(steps):
-            segment, device_args = self.segment(start, env)
+            segment_key = _fold(key, start)
+            segment, device_args = self.segment(start, env, segment_key)
             if segment.program is not None:
-                env.update(segment.program(device_args))
+                env.update(segment.program(device_args, segment_key))
                 env.update(segment.host_outputs)
             else:
-                interpreter = Interpreter(self.plan)
+                interpreter = Interpreter(self.plan, segment_key)
                 for position in range(start, _end(segment, len(steps))):
                     interpreter.step(steps[position], env)
             if segment.stop is None:
                 return
-            self.run_break(segment.stop, env)
+            self.run_break(segment.stop, env, _fold(key, segment.stop))
             start = segment.stop + 1
 
-    def segment(self, start: int, env: Mapping[str, Any]) -> tuple[Segment, dict[str, Any]]:
+    def segment(
+        self, start: int, env: Mapping[str, Any], key: Any = None
+    ) -> tuple[Segment, dict[str, Any]]:
         """The cached segment starting at `start` for the values in `env`, and its arguments."""
         reads = self.reads_after[start]
         device_args = {n: env[n] for n in reads if n in env and not is_host(env[n])}
@@ -84,19 +89,19 @@ class SegmentRunner:
             if n in env and is_host(env[n]) and env[n] is not self.model.host_constants.get(n)
         }
         shapes = sorted((n, signature(v)) for n, v in device_args.items() if n not in self.fixed)
-        key = (tuple(shapes), tuple(sorted((n, _digest(v)) for n, v in dynamic_host.items())))
+        cache_key = (tuple(shapes), tuple(sorted((n, _digest(v)) for n, v in dynamic_host.items())))
         cache = self.caches.setdefault(start, OrderedDict())
         metadata = {"source": self.model.source, "position": start, "shapes": shapes}
-        segment = cache.get(key)
+        segment = cache.get(cache_key)
         if segment is not None:
-            cache.move_to_end(key)
+            cache.move_to_end(cache_key)
             if telemetry.listening("transmuter.cache.hit"):
                 telemetry.emit("transmuter.cache.hit", {"count": 1}, metadata)
             return segment, device_args
         if telemetry.listening("transmuter.cache.miss"):
             telemetry.emit("transmuter.cache.miss", {"count": 1}, metadata)
-        segment = self.build(start, env, device_args, sorted(dynamic_host), metadata)
-        cache[key] = segment
+        segment = self.build(start, env, device_args, sorted(dynamic_host), metadata, key)
+        cache[cache_key] = segment
         while len(cache) > self.cache_size:
             cache.popitem(last=False)  # dropping the executable frees it
             if telemetry.listening("transmuter.cache.evict"):
@@ -107,15 +112,15 @@ class SegmentRunner:
                 )
         return segment, device_args
 
-    def build(self, start, env, device_args, host_names, metadata) -> Segment:
+    def build(self, start, env, device_args, host_names, metadata, key) -> Segment:
         host_env = {n: v for n, v in env.items() if is_host(v)}
         found: dict[str, Any] = {}
 
-        def program(args):
+        def program(args, key):
             local = dict(host_env)
             local.update(args)
             before = set(local)
-            interpreter = Interpreter(self.plan)
+            interpreter = Interpreter(self.plan, key)
             stop, reason = None, None
             for position in range(start, len(self.plan.steps)):
                 try:
@@ -130,7 +135,7 @@ class SegmentRunner:
             return {n: v for n, v in produced.items() if not is_host(v)}
 
         with telemetry.span("transmuter.segment.compile", metadata) as span:
-            lowered = jax.jit(program).lower(device_args)
+            lowered = jax.jit(program).lower(device_args, key)
             stop = found["stop"]
             length = (stop if stop is not None else len(self.plan.steps)) - start
             # A short segment around a break costs more to compile than to run op by op; a graph
@@ -152,7 +157,7 @@ class SegmentRunner:
             start, stop, found["reason"], found["host"], host_names, None if eager else compiled
         )
 
-    def run_break(self, position: int, env: dict[str, Any]) -> None:
+    def run_break(self, position: int, env: dict[str, Any], key: Any = None) -> None:
         """Run the break node eagerly, with its host-needed inputs made concrete."""
         step = self.plan.steps[position]
         node = step.node
@@ -167,7 +172,7 @@ class SegmentRunner:
                 name = node.inputs[index] if index < len(node.inputs) else ""
                 if name:
                     env[name] = to_host(env[name])  # small, shape-deciding: keep it on the host
-            Interpreter(self.plan).step(step, env)
+            Interpreter(self.plan, key).step(step, env)
             for name in node.outputs:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent):
@@ -180,6 +185,10 @@ def _to_device_after_break(value: Any, data_dependent: bool) -> bool:
     if not isinstance(value, np.ndarray) or value.dtype == object:
         return False
     return data_dependent or value.size > BREAK_HOST_RESULT_MAX_SIZE
+
+
+def _fold(key: Any, position: int) -> Any:
+    return None if key is None else jax.random.fold_in(key, position)
 
 
 def _end(segment: Segment, length: int) -> int:
