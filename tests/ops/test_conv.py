@@ -1,0 +1,169 @@
+"""Conv and ConvTranspose against ONNX Runtime."""
+
+import numpy as np
+import pytest
+
+from tests.opcheck import check_node
+
+TOL = {np.float32: (1e-4, 1e-4), np.float64: (1e-10, 1e-10), np.float16: (1e-2, 1e-2)}
+
+
+def _data(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 3, 9), (4, 3, 3), {}),
+        ((1, 3, 7, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ((1, 3, 7, 8), (5, 3, 3, 2), {"pads": [0, 2, 1, 0], "strides": [2, 1]}),
+        ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "dilations": [2, 1]}),
+        ((2, 6, 8, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),  # depthwise
+        ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"strides": [1, 2, 2], "pads": [0, 1, 0, 1, 0, 1]}),
+        ((1, 3, 8, 7), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ((1, 3, 8, 7), (2, 3, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [1, 2]}),
+        ((1, 3, 8, 7), (2, 3, 2, 2), {"auto_pad": "SAME_UPPER", "dilations": [2, 3]}),
+        ((1, 3, 8, 7), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+        ((1, 3, 8, 7), (2, 3, 3, 3), {"kernel_shape": [3, 3], "pads": [2, 2, 2, 2]}),
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv(rng, x_shape, w_shape, attrs, bias):
+    inputs = {"X": _data(rng, x_shape), "W": _data(rng, w_shape)}
+    if bias:
+        inputs["B"] = _data(rng, (w_shape[0],))
+    # ONNX Runtime rejects dilations together with SAME padding.
+    reference = "onnx" if "dilations" in attrs and "auto_pad" in attrs else "ort"
+    check_node(
+        "Conv",
+        inputs,
+        attrs,
+        opset=11,
+        constants=["W", "B"],
+        reference=reference,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def _reference(dtype, opset):
+    # ONNX Runtime has no float64 Conv/ConvTranspose kernels, and builds an invalid Cast for
+    # float16 models at opset 1.
+    return "onnx" if dtype == np.float64 or (opset == 1 and dtype == np.float16) else "ort"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("opset", [1, 11, 22])
+def test_conv_dtypes_and_versions(rng, dtype, opset):
+    inputs = {
+        "X": _data(rng, (2, 4, 6, 6), dtype),
+        "W": _data(rng, (4, 2, 3, 3), dtype),
+        "B": _data(rng, (4,), dtype),
+    }
+    rtol, atol = TOL[dtype]
+    attrs = {"group": 2, "pads": [1, 0, 1, 2]}
+    check_node(
+        "Conv", inputs, attrs, opset=opset, reference=_reference(dtype, opset), rtol=rtol, atol=atol
+    )
+
+
+def test_conv_bfloat16_against_float32(rng):
+    import ml_dtypes
+
+    x, w = _data(rng, (1, 2, 5, 5)), _data(rng, (3, 2, 3, 3))
+    expected = check_node("Conv", {"X": x, "W": w}, opset=22, rtol=1e-4, atol=1e-4)[0]
+    from tests.opcheck import make_node_model, transmuter_runs
+
+    inputs = {"X": x.astype(ml_dtypes.bfloat16), "W": w.astype(ml_dtypes.bfloat16)}
+    model = make_node_model("Conv", inputs, opset=22)
+    for out in transmuter_runs(model, inputs).values():
+        assert out[0].dtype == ml_dtypes.bfloat16
+        np.testing.assert_allclose(out[0].astype(np.float32), expected, rtol=5e-2, atol=5e-2)
+
+
+def test_conv_symbolic_batch_and_zero_batch(rng):
+    inputs = {"X": _data(rng, (3, 2, 5, 5)), "W": _data(rng, (3, 2, 3, 3))}
+    check_node(
+        "Conv",
+        inputs,
+        {"pads": [1, 1, 1, 1]},
+        constants=["W"],
+        symbolic={"X": [0]},
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    inputs["X"] = _data(rng, (0, 2, 5, 5))
+    check_node("Conv", inputs, {"pads": [1, 1, 1, 1]}, constants=["W"])
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((1, 2, 5), (2, 3, 3), {}),
+        ((2, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2]}),
+        ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 3], "pads": [1, 0, 1, 2]}),
+        ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "output_padding": [1, 1]}),
+        ((1, 4, 4, 5), (4, 2, 3, 2), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
+        ((1, 4, 4, 4), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}),
+        (
+            (1, 2, 4, 5),
+            (2, 3, 3, 3),
+            {"strides": [2, 2], "output_shape": [9, 11], "output_padding": [1, 1]},
+        ),
+        ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 3], "auto_pad": "SAME_UPPER"}),
+        ((1, 2, 4, 5), (2, 3, 4, 3), {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
+        (
+            (1, 2, 4, 5),
+            (2, 3, 3, 3),
+            {"strides": [2, 2], "auto_pad": "SAME_UPPER", "output_shape": [7, 9]},
+        ),
+        (
+            (1, 2, 4, 5),
+            (2, 3, 3, 3),
+            {"strides": [2, 2], "auto_pad": "SAME_LOWER", "output_shape": [7, 9]},
+        ),
+        ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "auto_pad": "VALID"}),
+        ((1, 2, 3, 3, 4), (2, 2, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 1, 0, 0]}),
+        ((1, 2, 4, 5), (2, 3, 2, 2), {"pads": [3, 3, 3, 3], "strides": [3, 3]}),  # pads > kernel
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose(rng, x_shape, w_shape, attrs, bias):
+    inputs = {"X": _data(rng, x_shape), "W": _data(rng, w_shape)}
+    if bias:
+        inputs["B"] = _data(rng, (w_shape[1] * attrs.get("group", 1),))
+    check_node("ConvTranspose", inputs, attrs, opset=11, constants=["W", "B"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("opset", [1, 11, 22])
+def test_conv_transpose_dtypes_and_versions(rng, dtype, opset):
+    reference = _reference(dtype, opset)
+    group = 2 if reference == "ort" else 1  # onnx.reference mishandles groups and output_shape
+    inputs = {
+        "X": _data(rng, (2, 4, 3, 3), dtype),
+        "W": _data(rng, (4, 2 // group, 3, 3), dtype),
+        "B": _data(rng, (2,), dtype),
+    }
+    rtol, atol = TOL[dtype]
+    attrs = {"group": group, "strides": [2, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 0]}
+    check_node(
+        "ConvTranspose", inputs, attrs, opset=opset, reference=reference, rtol=rtol, atol=atol
+    )
+
+
+def test_conv_transpose_zero_batch(rng):
+    inputs = {"X": _data(rng, (0, 2, 3, 3)), "W": _data(rng, (2, 3, 3, 3))}
+    check_node("ConvTranspose", inputs, {"strides": [2, 2]}, constants=["W"])
+
+
+def test_conv_rejects_mismatched_kernel_shape(rng):
+    from transmuter.errors import TransmuterError
+
+    inputs = {"X": _data(rng, (1, 2, 5, 5)), "W": _data(rng, (3, 2, 3, 3))}
+    with pytest.raises(TransmuterError, match="kernel_shape"):
+        from tests.opcheck import make_node_model, transmuter_runs
+
+        transmuter_runs(make_node_model("Conv", inputs, {"kernel_shape": [2, 2]}), inputs)

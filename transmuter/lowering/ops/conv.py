@@ -1,0 +1,197 @@
+"""Convolutions: Conv and ConvTranspose, both on `lax.conv_general_dilated`.
+
+Layouts are ONNX's own (NCHW..., weights OIHW... for Conv, IOHW... for ConvTranspose); XLA picks
+the physical layout. Half-precision inputs accumulate in float32 and are cast back.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from transmuter.errors import ShapeError
+from transmuter.lowering import op
+
+_HALF = (jnp.float16, jnp.bfloat16)
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def accumulator(dtype) -> np.dtype | None:
+    """The type to accumulate a product or sum of `dtype` in: float32 for half precision."""
+    return np.dtype(np.float32) if np.dtype(dtype) in _HALF else None
+
+
+def spatial_attrs(
+    op_type: str, rank: int, strides, dilations, pads, auto_pad: str
+) -> tuple[tuple, tuple, tuple]:
+    """Strides, dilations and (begin, end) pads per spatial axis, defaults filled in and checked."""
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"{op_type}: auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
+    strides = tuple(strides) if strides is not None else (1,) * rank
+    dilations = tuple(dilations) if dilations is not None else (1,) * rank
+    pads = tuple(pads) if pads is not None else (0,) * (2 * rank)
+    for name, value, size in (
+        ("strides", strides, rank),
+        ("dilations", dilations, rank),
+        ("pads", pads, 2 * rank),
+    ):
+        if len(value) != size:
+            raise ShapeError(
+                f"{op_type}: {name} has {len(value)} values, expected {size} for {rank} spatial axes"
+            )
+    return strides, dilations, tuple(zip(pads[:rank], pads[rank:], strict=True))
+
+
+def same_pads(size, window: int, stride: int, upper: bool) -> tuple:
+    """(begin, end) pads that make the output `ceil(size / stride)` long (SAME_UPPER/LOWER)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + window - size, 0)
+    small = total // 2
+    return (small, total - small) if upper else (total - small, small)
+
+
+def _check_kernel(op_type: str, w, kernel_shape) -> None:
+    if kernel_shape is not None and tuple(kernel_shape) != tuple(w.shape[2:]):
+        raise ShapeError(
+            f"{op_type}: kernel_shape {tuple(kernel_shape)} does not match the spatial shape of W "
+            f"{tuple(w.shape[2:])}"
+        )
+
+
+def _add_bias(y, b, dtype):
+    if b is not None:
+        y = y + jnp.asarray(b).astype(y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y.astype(dtype)
+
+
+@op("Conv", since=(1, 11, 22))
+def conv(
+    x,
+    w,
+    b=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ONNX Conv-1..22: N-D grouped, dilated, strided convolution with optional bias."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    rank = x.ndim - 2
+    if rank < 1 or w.ndim != x.ndim:
+        raise ShapeError(
+            f"Conv: X must be (N, C, D1, ...) and W of the same rank, got {x.shape} and {w.shape}"
+        )
+    if x.shape[1] != w.shape[1] * group:
+        raise ShapeError(
+            f"Conv: X has {x.shape[1]} channels, but W expects {w.shape[1]} x group {group}"
+        )
+    _check_kernel("Conv", w, kernel_shape)
+    strides, dilations, pad_pairs = spatial_attrs("Conv", rank, strides, dilations, pads, auto_pad)
+    padding = {"SAME_UPPER": "SAME", "SAME_LOWER": "SAME_LOWER", "VALID": "VALID"}.get(
+        auto_pad, pad_pairs
+    )
+    y = lax.conv_general_dilated(
+        x,
+        w.astype(x.dtype),
+        window_strides=strides,
+        padding=padding,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+        preferred_element_type=accumulator(x.dtype),
+    )
+    return _add_bias(y, b, x.dtype)
+
+
+def _transpose_pads(
+    size, kernel: int, stride: int, dilation: int, out_pad: int, target, upper: bool
+) -> tuple:
+    """(begin, end) pads of the transposed convolution that give output length `target`."""
+    total = stride * (size - 1) + out_pad + (kernel - 1) * dilation + 1 - target
+    small = total // 2
+    return (small, total - small) if upper else (total - small, small)
+
+
+@op("ConvTranspose", since=(1, 11, 22))
+def conv_transpose(
+    x,
+    w,
+    b=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ONNX ConvTranspose-1..22: the gradient of Conv, with output_padding/output_shape/auto_pad."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    rank = x.ndim - 2
+    if rank < 1 or w.ndim != x.ndim:
+        raise ShapeError(
+            f"ConvTranspose: X must be (N, C, D1, ...) and W of the same rank, got {x.shape} and {w.shape}"
+        )
+    channels = x.shape[1]
+    if channels != w.shape[0]:
+        raise ShapeError(
+            f"ConvTranspose: X has {channels} channels, but W's first dim is {w.shape[0]}"
+        )
+    if channels % group:
+        raise ShapeError(
+            f"ConvTranspose: {channels} input channels are not divisible by group {group}"
+        )
+    _check_kernel("ConvTranspose", w, kernel_shape)
+    strides, dilations, pad_pairs = spatial_attrs(
+        "ConvTranspose", rank, strides, dilations, pads, auto_pad
+    )
+    out_pad = tuple(output_padding) if output_padding is not None else (0,) * rank
+    if len(out_pad) != rank:
+        raise ShapeError(
+            f"ConvTranspose: output_padding has {len(out_pad)} values, expected {rank}"
+        )
+    kernel = w.shape[2:]
+    sizes = x.shape[2:]
+    if output_shape is not None:
+        target = tuple(output_shape)[-rank:]
+        # Every version pads the extra odd element at the end except for SAME_UPPER, as ONNX
+        # Runtime does; ConvTranspose-1's formula says the opposite of its own auto_pad text.
+        pad_pairs = tuple(
+            _transpose_pads(n, k, s, d, p, t, auto_pad == "SAME_UPPER")
+            for n, k, s, d, p, t in zip(
+                sizes, kernel, strides, dilations, out_pad, target, strict=True
+            )
+        )
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pad_pairs = tuple(
+            _transpose_pads(n, k, s, d, p, n * s, auto_pad == "SAME_UPPER")
+            for n, k, s, d, p in zip(sizes, kernel, strides, dilations, out_pad, strict=True)
+        )
+    elif auto_pad == "VALID":
+        pad_pairs = ((0, 0),) * rank
+    # A transposed convolution is a convolution of the stride-dilated input with the flipped,
+    # in/out-swapped kernel, padded by (dilated kernel - 1) minus the transposed pads.
+    out_per_group = w.shape[1]
+    rhs = w.reshape((group, channels // group, out_per_group) + kernel)
+    rhs = jnp.swapaxes(rhs, 1, 2).reshape((group * out_per_group, channels // group) + kernel)
+    rhs = jnp.flip(rhs, axis=tuple(range(2, 2 + rank))).astype(x.dtype)
+    padding = tuple(
+        ((k - 1) * d - lo, (k - 1) * d - hi + p)
+        for k, d, (lo, hi), p in zip(kernel, dilations, pad_pairs, out_pad, strict=True)
+    )
+    y = lax.conv_general_dilated(
+        x,
+        rhs,
+        window_strides=(1,) * rank,
+        padding=padding,
+        lhs_dilation=strides,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+        preferred_element_type=accumulator(x.dtype),
+    )
+    return _add_bias(y, b, x.dtype)
