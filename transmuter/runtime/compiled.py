@@ -11,7 +11,7 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError
-from transmuter.runtime.execute import _as_output, on_device, x64_scope
+from transmuter.runtime.execute import _as_output, x64_scope
 from transmuter.runtime.segments import SegmentRunner, signature
 
 EAGER_THRESHOLD = 20
@@ -47,6 +47,9 @@ class CompiledModel:
         if cache_dir is not None:
             use_persistent_cache(cache_dir)
         self.runner = SegmentRunner(model, cache_size=cache_size, eager_threshold=eager_threshold)
+        self._data = frozenset(
+            n for n in model.inputs if n not in self.static_inputs and not _is_string(model, n)
+        )
         # Graphs with random operators draw from a key stream: a new key per call.
         self._keys = jax.random.key(0) if _has_random(model.plan) else None
         self._fast: tuple | None = None
@@ -88,10 +91,8 @@ class CompiledModel:
                 env: dict[str, Any] = dict(self.model.host_constants)
                 env.update(self.model.device_constants)
                 env.update(self.model.params)
-                env.update(
-                    {k: v if k in self.static_inputs else on_device(v) for k, v in arrays.items()}
-                )
-                self.runner.run(env, key)
+                env.update(arrays)
+                self.runner.run(env, self._data, key)
                 return {name: _as_output(env[name]) for name in self.model.outputs}
 
     def _arrays(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,6 +128,10 @@ class CompiledModel:
                     outputs[name] = _as_output(source[name])
                     break
         return outputs
+
+
+def _is_string(model, name: str) -> bool:
+    return getattr(model.input_specs[name], "dtype", None) == np.dtype(object)
 
 
 def _has_random(plan) -> bool:

@@ -25,6 +25,7 @@ import numpy as np
 
 from transmuter import ir, telemetry
 from transmuter.errors import HostValueNeeded
+from transmuter.runtime.execute import on_device
 from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
 
 # Host results of a break node up to this many elements stay host values (shape-like values
@@ -54,12 +55,17 @@ class SegmentRunner:
         self.eager_threshold = eager_threshold
         self.caches: dict[int, OrderedDict[tuple, Segment]] = {}
         self.reads_after = _reads_after(self.plan)
-        self.fixed = set(model.params) | set(model.device_constants)
+        self._reads: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
+        self.data: frozenset[str] = frozenset()
 
-    def run(self, env: dict[str, Any], key: Any = None) -> None:
+    def run(self, env: dict[str, Any], data: frozenset[str], key: Any = None) -> None:
         """Run every node, updating `env` (name -> value) in place. Call inside `x64_scope`.
-        `key` is the call's PRNG key (None for graphs without random operators); each segment
-        and break draws from it folded with its position, so no two draw the same values."""
+
+        `data` names the inputs that are device values even while they are still numpy arrays
+        (compiled programs take numpy directly; they move to the device only where a node runs
+        eagerly). `key` is the call's PRNG key (None for graphs without random operators); each
+        segment and break draws from it folded with its position, so no two draw alike."""
+        self.data = data
         start = 0
         steps = self.plan.steps
         while start < len(steps):
@@ -69,27 +75,37 @@ class SegmentRunner:
                 env.update(segment.program(device_args, segment_key))
                 env.update(segment.host_outputs)
             else:
+                self._inputs_to_device(env)
                 interpreter = Interpreter(self.plan, segment_key)
                 for position in range(start, _end(segment, len(steps))):
                     interpreter.step(steps[position], env)
             if segment.stop is None:
                 return
+            self._inputs_to_device(env)
             self.run_break(segment.stop, env, _fold(key, segment.stop))
             start = segment.stop + 1
+
+    def _inputs_to_device(self, env: dict[str, Any]) -> None:
+        for name in self.data:
+            if is_host(env.get(name)):
+                env[name] = on_device(env[name])
 
     def segment(
         self, start: int, env: Mapping[str, Any], key: Any = None
     ) -> tuple[Segment, dict[str, Any]]:
         """The cached segment starting at `start` for the values in `env`, and its arguments."""
-        reads = self.reads_after[start]
-        device_args = {n: env[n] for n in reads if n in env and not is_host(env[n])}
-        dynamic_host = {
-            n: env[n]
-            for n in reads
-            if n in env and is_host(env[n]) and env[n] is not self.model.host_constants.get(n)
-        }
-        shapes = sorted((n, signature(v)) for n, v in device_args.items() if n not in self.fixed)
-        cache_key = (tuple(shapes), tuple(sorted((n, _digest(v)) for n, v in dynamic_host.items())))
+        weights, varying = self.reads(start)
+        device_args = dict(weights)
+        shapes, host_digests = [], []
+        for name in varying:
+            if name in env:
+                value = env[name]
+                if is_host(value) and name not in self.data:
+                    host_digests.append((name, _digest(value)))
+                else:
+                    device_args[name] = value
+                    shapes.append((name, signature(value)))
+        cache_key = (tuple(shapes), tuple(host_digests))
         cache = self.caches.setdefault(start, OrderedDict())
         metadata = {"source": self.model.source, "position": start, "shapes": shapes}
         segment = cache.get(cache_key)
@@ -100,7 +116,8 @@ class SegmentRunner:
             return segment, device_args
         if telemetry.listening("transmuter.cache.miss"):
             telemetry.emit("transmuter.cache.miss", {"count": 1}, metadata)
-        segment = self.build(start, env, device_args, sorted(dynamic_host), metadata, key)
+        host_names = [name for name, _ in host_digests]
+        segment = self.build(start, env, device_args, host_names, metadata, key)
         cache[cache_key] = segment
         while len(cache) > self.cache_size:
             cache.popitem(last=False)  # dropping the executable frees it
@@ -112,8 +129,19 @@ class SegmentRunner:
                 )
         return segment, device_args
 
+    def reads(self, start: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """What the nodes from `start` on read: the weights (the same every call) and the sorted
+        names of everything else, bar the model's host constants (these never change either)."""
+        if start not in self._reads:
+            weights = {**self.model.params, **self.model.device_constants}
+            reads = self.reads_after[start]
+            fixed = {n: weights[n] for n in reads if n in weights}
+            varying = tuple(sorted(reads - set(weights) - set(self.model.host_constants)))
+            self._reads[start] = (fixed, varying)
+        return self._reads[start]
+
     def build(self, start, env, device_args, host_names, metadata, key) -> Segment:
-        host_env = {n: v for n, v in env.items() if is_host(v)}
+        host_env = {n: v for n, v in env.items() if is_host(v) and n not in self.data}
         found: dict[str, Any] = {}
 
         def program(args, key):
