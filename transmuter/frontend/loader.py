@@ -28,8 +28,6 @@ def load_model(source) -> ir.Model:
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     opsets = {_domain(o.domain): o.version for o in proto.opset_import}
-    if "" not in opsets and proto.ir_version >= 3:
-        raise ModelLoadError("the model imports no ai.onnx opset")
     graph = _Converter(base_dir).graph(proto.graph, outer=set())
     return ir.Model(
         graph=graph,

@@ -55,18 +55,17 @@ class CompiledModel:
         self._fast: tuple | None = None
         with telemetry.span("transmuter.compile", {"source": model.source}) as span:
             self(example_inputs)
-            first = next(iter(self.runner.caches[0].values()))
-            span.stop_metadata["graph_break"] = first.stop is not None
+            # A graph without nodes has no segment (its outputs are its inputs or constants).
+            first = next(iter(self.runner.caches.get(0, {}).values()), None)
+            span.stop_metadata["graph_break"] = first is not None and first.stop is not None
         # String inputs live on the host and key the segments by value: no fast path for them.
-        strings = any(
-            getattr(spec, "dtype", None) is np.dtype(object) for spec in model.input_specs.values()
-        )
-        if first.stop is None and first.program is not None and not strings:
-            reads = self.runner.reads_after[0]
-            fixed = {
-                n: v for n, v in {**model.params, **model.device_constants}.items() if n in reads
-            }
-            self._fast = (self._signature(self._arrays(example_inputs)), first, fixed)
+        strings = any(_is_string(model, n) for n in model.inputs)
+        if first is not None and first.stop is None and first.program is not None and not strings:
+            weights, varying = self.runner.reads(0)
+            # Exactly the arguments the program was lowered with: inputs no node reads stay out.
+            read_inputs = tuple(n for n in varying if n in self._data)
+            signature = self._signature(self._arrays(example_inputs))
+            self._fast = (signature, first, weights, read_inputs)
 
     @property
     def segments(self) -> list[tuple[int, int | str, bool]]:
@@ -111,9 +110,9 @@ class CompiledModel:
 
     def _run_fast(self, arrays, key) -> dict[str, Any]:
         """A break-free graph at its compile-time signature: call the program, skip the cache."""
-        _, segment, fixed = self._fast
-        args = dict(fixed)
-        args.update((n, v) for n, v in arrays.items() if n not in self.static_inputs)
+        _, segment, weights, read_inputs = self._fast
+        args = dict(weights)
+        args.update((n, arrays[n]) for n in read_inputs)
         produced = segment.program(args, None if key is None else jax.random.fold_in(key, 0))
         outputs = {}
         for name in self.model.outputs:
