@@ -57,11 +57,17 @@ def test_layer_imports_point_downwards(part):
     assert not bad, "\n".join(bad)
 
 
+# transmuter/backend.py implements onnx.backend.base.Backend, ONNX's own test API: it takes
+# ModelProto / NodeProto and subclasses onnx's classes, so it is the one exception to the rule.
+ONNX_API_EXCEPTIONS = {PACKAGE / "backend.py"}
+
+
 def test_only_the_front_end_imports_onnx():
     bad = [
         str(path.relative_to(PACKAGE.parent))
         for path in PACKAGE.rglob("*.py")
         if "frontend" not in path.parts
+        and path not in ONNX_API_EXCEPTIONS
         and any(n == "onnx" or n.startswith("onnx.") for n in imports(path))
     ]
     assert not bad, bad

@@ -1,0 +1,35 @@
+"""The one list of ONNX backend conformance cases Transmuter is known to fail, and why.
+
+Keys are regular expressions searched in the test name (`test_abs_cpu`); values are the reason.
+Each listed case runs as a strict xfail: when a fix makes it pass, the suite fails until the
+entry is removed, so this list only shrinks. List genuine limitations here, not operators that
+are simply not written yet: a missing lowering is a plain failure that someone should fix.
+"""
+
+# onnx on these cases: "non-deterministic and may not produce the same values in different
+# implementations even if a seed is specified".
+_NUMPY_RNG = "the expected values are numpy RNG draws, which no JAX PRNG key reproduces"
+
+EXPECTED_FAILURES: dict[str, str] = {
+    # Bernoulli and its function body (RandomUniformLike): np.random.binomial, unseeded.
+    r"^test_bernoulli(_double|_seed)?(_expanded)?_(cpu|cuda)$": _NUMPY_RNG,
+    # Training-mode Dropout with a nonzero ratio: the mask is np.random.uniform after
+    # np.random.seed(seed). The zero-ratio cases are deterministic and run normally.
+    r"^test_training_dropout(_default)?(_mask)?_(cpu|cuda)$": _NUMPY_RNG,
+    # float16 outputs with rtol=1e-3, under two float16 ulps at these magnitudes. Against a float64
+    # run of the same case Transmuter's values are within 3.9e-4 (it computes the softmax in
+    # float32, STYLE.md rule 8) and the stored ones within 4.9e-4: the two land 2 ulps apart on 2-4
+    # elements of 192, so neither can be matched to the other without copying its rounding.
+    r"^test_attention_4d_causal_fp16(_expanded)?_(cpu|cuda)$": (
+        "float16 rounding: Transmuter and the stored output are each within ~1 ulp of a float64 "
+        "run, 2 ulps apart, beyond the case's rtol=1e-3"
+    ),
+    # The expected output is a sequence holding a 0-d tensor; onnx's runner compares sequence
+    # elements by recursing into them as if they were output lists and calls len() on the 0-d
+    # array (TypeError), whatever the backend returns. test_backend_node.py compares this case's
+    # outputs itself (test_cases_the_runner_cannot_compare).
+    r"^test_loop16_seq_none_(cpu|cuda)$": (
+        "onnx's runner cannot compare a sequence output holding a 0-d tensor (it calls len() on "
+        "the element); the outputs are checked in test_cases_the_runner_cannot_compare"
+    ),
+}
