@@ -167,3 +167,121 @@ def test_conv_rejects_mismatched_kernel_shape(rng):
         from tests.opcheck import make_node_model, transmuter_runs
 
         transmuter_runs(make_node_model("Conv", inputs, {"kernel_shape": [2, 2]}), inputs)
+
+
+# ----------------------------------------------------------------------- CausalConvWithState
+# ONNX Runtime 1.32 has no CausalConvWithState: compared with onnx.reference.
+
+CAUSAL_INPUTS = ["input", "weight", "bias", "past_state"]
+
+
+def _causal(rng, batch, channels, length, k, *, bias, past, dtype=np.float32):
+    return {
+        "input": _data(rng, (batch, channels, length), dtype),
+        "weight": _data(rng, (channels, 1, k), dtype),
+        "bias": _data(rng, (channels,), dtype) if bias else None,
+        "past_state": _data(rng, (batch, channels, k - 1), dtype) if past else None,
+    }
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("length", [1, 2, 7])  # shorter and longer than the k - 1 state
+@pytest.mark.parametrize("bias, past", [(False, False), (True, False), (False, True), (True, True)])
+def test_causal_conv_with_state(rng, k, length, bias, past):
+    inputs = _causal(rng, 2, 3, length, k, bias=bias, past=past)
+    check_node(
+        "CausalConvWithState",
+        inputs,
+        opset=27,
+        reference="onnx",
+        outputs=2,
+        input_names=CAUSAL_INPUTS,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("activation", ["none", "silu", "swish"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
+def test_causal_conv_with_state_activations_and_dtypes(rng, activation, dtype):
+    import ml_dtypes
+
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    tol = {np.float32: 1e-5, np.float16: 2e-3}.get(dtype, 2e-2)
+    inputs = _causal(rng, 2, 4, 6, 4, bias=True, past=True, dtype=dtype)
+    check_node(
+        "CausalConvWithState",
+        inputs,
+        {"activation": activation},
+        opset=27,
+        reference="onnx",
+        outputs=2,
+        rtol=tol,
+        atol=tol,
+    )
+
+
+def test_causal_conv_with_state_special_inputs(rng):
+    kw = {"opset": 27, "reference": "onnx", "outputs": 2, "input_names": CAUSAL_INPUTS}
+    inputs = _causal(rng, 3, 2, 5, 3, bias=True, past=True)
+    check_node("CausalConvWithState", inputs, symbolic={"input": [0, 2], "past_state": [0]}, **kw)
+    check_node("CausalConvWithState", inputs, constants=["weight", "bias"], **kw)
+    for batch, length in [(0, 5), (2, 0)]:
+        inputs = _causal(rng, batch, 2, length, 3, bias=True, past=True)
+        check_node("CausalConvWithState", inputs, **kw)
+
+
+def test_causal_conv_with_state_zero_channels(rng):
+    from tests.opcheck import make_node_model, transmuter_runs
+
+    # onnx.reference divides by the channel count here.
+    inputs = _causal(rng, 2, 0, 5, 3, bias=True, past=False)
+    model = make_node_model("CausalConvWithState", inputs, opset=27, outputs=2)
+    for y, state in transmuter_runs(model, inputs).values():
+        assert (y.shape, state.shape) == ((2, 0, 5), (2, 0, 2))
+
+
+def test_causal_conv_with_state_streams(rng):
+    """Chunks fed one after another with the carried state equal one pass over the whole."""
+    from tests.opcheck import make_node_model, transmuter_runs
+
+    whole = _causal(rng, 2, 3, 9, 4, bias=True, past=True)
+    model = make_node_model(
+        "CausalConvWithState",
+        whole,
+        {"activation": "silu"},
+        opset=27,
+        outputs=2,
+        symbolic={"input": [2]},
+    )
+    (y, state), *_ = transmuter_runs(model, whole, compiled=False).values()
+    pieces, carried = [], whole["past_state"]
+    for part in np.split(whole["input"], [2, 3, 7], axis=2):
+        chunk = dict(whole, input=part, past_state=carried)
+        (piece, carried), *_ = transmuter_runs(model, chunk, compiled=False).values()
+        pieces.append(piece)
+    np.testing.assert_allclose(np.concatenate(pieces, axis=2), y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(carried, state)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"weight": np.zeros((3, 2, 4), np.float32)}, r"weight must be \(3, 1, k\)"),
+        ({"weight": np.zeros((3, 1, 0), np.float32)}, "k >= 1"),
+        ({"bias": np.zeros(4, np.float32)}, r"bias must be \(3,\)"),
+        ({"past_state": np.zeros((2, 3, 2), np.float32)}, r"past_state must be \(2, 3, 3\)"),
+        ({"input": np.zeros((2, 3), np.float32)}, "batch_size, channels, length"),
+        ({"activation": "relu"}, "activation must be one of"),
+    ],
+)
+def test_causal_conv_with_state_rejects_bad_inputs(rng, change, match):
+    from tests.opcheck import make_node_model, transmuter_runs
+    from transmuter.errors import TransmuterError
+
+    inputs = _causal(rng, 2, 3, 5, 4, bias=True, past=True)
+    attrs = {"activation": change.pop("activation")} if "activation" in change else {}
+    inputs.update(change)
+    model = make_node_model("CausalConvWithState", inputs, attrs, opset=27, outputs=2)
+    with pytest.raises(TransmuterError, match=match):
+        transmuter_runs(model, inputs, compiled=False)

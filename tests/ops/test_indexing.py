@@ -403,3 +403,71 @@ def test_data_dependent_ops_run_compiled_with_breaks():
         x = rng.standard_normal((n, 3)).astype(np.float32)
         want = np.transpose(np.array(np.nonzero(np.maximum(x, 0)), np.int64))
         assert_close(compiled({"X": x})["Y"], want, rtol=0, atol=0, what=f"n={n}")
+
+
+# --------------------------------------------------------------------------- ReverseSequence
+
+
+@pytest.mark.parametrize("opset", [10, 28])
+@pytest.mark.parametrize(
+    "batch_axis, time_axis, lens", [(1, 0, [3, 0, 5, 1]), (0, 1, [4, 4, 1, 0, 2])]
+)
+def test_reverse_sequence(opset, batch_axis, time_axis, lens):
+    x = rng.standard_normal((5, 4, 2, 3) if batch_axis == 1 else (5, 4, 3)).astype(np.float32)
+    inputs = {"input": x, "sequence_lens": np.array(lens, np.int64)}
+    attrs = {"batch_axis": batch_axis, "time_axis": time_axis}
+    check_node("ReverseSequence", inputs, attrs, opset=opset)
+    check_node("ReverseSequence", inputs, attrs, opset=opset, constants=["sequence_lens"])
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float16, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64, np.bool_],
+)
+def test_reverse_sequence_dtypes(dtype):
+    x = (rng.standard_normal((3, 2, 2)) * 5).astype(dtype)
+    check_node("ReverseSequence", {"input": x, "sequence_lens": np.array([3, 1])}, opset=10)
+
+
+def test_reverse_sequence_types_ort_lacks():
+    import ml_dtypes
+
+    lens = np.array([2, 3])
+    x = rng.standard_normal((3, 2)).astype(ml_dtypes.bfloat16)  # added in ReverseSequence-28
+    check_node("ReverseSequence", {"input": x, "sequence_lens": lens}, opset=28, reference="onnx")
+    z = (rng.standard_normal((3, 2)) + 1j * rng.standard_normal((3, 2))).astype(np.complex64)
+    check_node("ReverseSequence", {"input": z, "sequence_lens": lens}, opset=10, reference="onnx")
+
+
+def test_reverse_sequence_special_inputs():
+    lens = np.array([2, 0, 3, 1])
+    check_node("ReverseSequence", {"input": X, "sequence_lens": lens}, symbolic={"input": [2]})
+    empty = np.zeros((3, 4, 0), np.float32)
+    check_node("ReverseSequence", {"input": empty, "sequence_lens": lens})
+    no_batch = np.zeros((3, 0), np.float32)
+    check_node("ReverseSequence", {"input": no_batch, "sequence_lens": np.zeros(0, np.int64)})
+    s = np.array([["a", "b"], ["c", "d"], ["e", "f"]], object)
+    check_node("ReverseSequence", {"input": s, "sequence_lens": np.array([3, 2])}, **STRINGS)
+    check_node(
+        "ReverseSequence",
+        {"input": s, "sequence_lens": np.array([1, 2])},
+        {"batch_axis": 1, "time_axis": 0},
+        constants=["sequence_lens"],
+    )
+
+
+@pytest.mark.parametrize(
+    "lens, attrs, match",
+    [
+        ([5, 1, 1, 1], {}, r"holds 5, outside \[0, 3\]"),
+        ([-1, 1, 1, 1], {}, r"holds -1, outside \[0, 3\]"),
+        ([1, 1, 1], {}, r"must have shape \[4\]"),
+        ([1, 1, 1, 1], {"batch_axis": 0}, "must be 0 and 1"),
+        ([1, 1, 1, 1], {"batch_axis": 2, "time_axis": 1}, "must be 0 and 1"),
+    ],
+)
+def test_reverse_sequence_rejects_bad_inputs(lens, attrs, match):
+    inputs = {"input": np.zeros((3, 4), np.float32), "sequence_lens": np.array(lens, np.int64)}
+    model = make_node_model("ReverseSequence", inputs, attrs, opset=10, constants=["sequence_lens"])
+    with pytest.raises(TransmuterError, match=match):
+        transmuter_runs(model, inputs, compiled=False)

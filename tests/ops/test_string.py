@@ -298,3 +298,145 @@ def test_regex_full_match_unsupported_patterns_raise(pattern, match):
 
 def test_regex_full_match_needs_a_pattern():
     raises("RegexFullMatch", {"X": strings("a")}, {}, "pattern attribute")
+
+
+# -------------------------------------------------------------------------- TfIdfVectorizer
+# The pool of the onnx backend cases: 1-grams 2, 3, 5, 4 and 2-grams (5, 6), (7, 8), (6, 7).
+POOL = [2, 3, 5, 4, 5, 6, 7, 8, 6, 7]
+TOKENS = np.array([[1, 1, 3, 3, 3, 7], [8, 6, 7, 5, 6, 8]], np.int64)
+
+
+def tfidf(mode="TF", lengths=(1, 2), skip=0, **attrs):
+    base = {
+        "mode": mode,
+        "min_gram_length": lengths[0],
+        "max_gram_length": lengths[1],
+        "max_skip_count": skip,
+        "ngram_counts": [0, 4],
+        "ngram_indexes": [0, 1, 2, 3, 4, 5, 6],
+        "pool_int64s": POOL,
+    }
+    return {**base, **attrs}
+
+
+@pytest.mark.parametrize("lengths", [(1, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("skip", [0, 1, 3])
+def test_tfidf_vectorizer_ngrams_and_skips(lengths, skip):
+    dtype = np.int32 if skip == 1 else np.int64
+    check_node("TfIdfVectorizer", {"X": TOKENS.astype(dtype)}, tfidf("TF", lengths, skip), opset=9)
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize(
+    "indexes",
+    [[6, 4, 2, 0, 1, 3, 5], [0, 3, 5, 8, 9, 11, 20]],
+    ids=["permuted", "sparse"],
+)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_tfidf_vectorizer_modes(mode, indexes, weighted):
+    # weights[i] scales the i-th n-gram of the pool (the spec, ONNX Runtime); onnx.reference
+    # reads weights[c] for output coordinate c, which differs when ngram_indexes permutes.
+    weights = {"weights": [0.5, -2.0, 3.0, 0.25, 1.5, 4.0, -1.0]} if weighted else {}
+    attrs = tfidf(mode, (1, 2), 1, ngram_indexes=indexes, **weights)
+    check_node("TfIdfVectorizer", {"X": TOKENS}, attrs, opset=9)
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+def test_tfidf_vectorizer_shared_coordinates(mode):
+    # Several pool n-grams on one output coordinate add up (IDF unweighted: still 1).
+    weights = {"weights": [0.5, -2.0, 3.0, 0.25, 1.5, 4.0, -1.0]} if mode == "TFIDF" else {}
+    attrs = tfidf(mode, (1, 2), 2, ngram_indexes=[0, 0, 1, 1, 2, 0, 2], **weights)
+    x = np.array([[2, 3, 5, 4, 5, 6], [6, 7, 8, 5, 2, 2]], np.int64)
+    check_node("TfIdfVectorizer", {"X": x}, attrs, opset=9)
+
+
+def test_tfidf_vectorizer_longer_ngrams_and_skipped_sizes():
+    # 3-grams (1, 2, 3), (2, 3, 1), (4, 4, 4), (1, 2, 9); no 2-grams; 1-grams outside the range.
+    attrs = {
+        "mode": "TF",
+        "min_gram_length": 3,
+        "max_gram_length": 3,
+        "max_skip_count": 2,
+        "ngram_counts": [0, 2, 2],
+        "ngram_indexes": [5, 4, 3, 2, 1, 0],
+        "pool_int64s": [1, 2, 1, 2, 3, 2, 3, 1, 4, 4, 4, 1, 2, 9],
+    }
+    x = np.array(
+        [[1, 2, 3, 1, 2, 3, 1, 4, 4, 4, 4, 2, 9, 3], [1, 9, 2, 4, 3, 4, 1, 2, 3, 4, 4, 4, 9, 9]]
+    )
+    check_node("TfIdfVectorizer", {"X": x}, attrs, opset=9)
+
+
+def test_tfidf_vectorizer_strings():
+    pool = ["a", "b", "c", "d", "b", "c", "a", "b", "c", "d", "a"]
+    attrs = {
+        "mode": "TFIDF",
+        "min_gram_length": 1,
+        "max_gram_length": 3,
+        "max_skip_count": 1,
+        "ngram_counts": [0, 4, 8],
+        "ngram_indexes": [0, 1, 2, 3, 4, 5, 6],
+        "pool_strings": pool,
+        "weights": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+    }
+    x = strings("a", "b", "c", "x", "b", "c", "d", "a", "b", "a").reshape(2, 5)
+    check_node("TfIdfVectorizer", {"X": x}, attrs, opset=9)
+    check_node("TfIdfVectorizer", {"X": x.reshape(-1)}, attrs, opset=9)
+    check_node("TfIdfVectorizer", {"X": x}, attrs, opset=9, constants=["X"])
+
+
+def test_tfidf_vectorizer_special_inputs():
+    attrs = tfidf("TF", (1, 2), 1)
+    check_node("TfIdfVectorizer", {"X": TOKENS[0]}, attrs, opset=9)  # 1-D: 1-D output
+    check_node("TfIdfVectorizer", {"X": TOKENS}, attrs, opset=9, symbolic={"X": [0, 1]})
+    check_node("TfIdfVectorizer", {"X": TOKENS}, attrs, opset=9, constants=["X"])
+    check_node("TfIdfVectorizer", {"X": np.zeros((2, 0), np.int64)}, attrs, opset=9)
+    check_node("TfIdfVectorizer", {"X": np.zeros(0, np.int32)}, attrs, opset=9)
+    # ONNX Runtime refuses no rows; the spec does not.
+    expect(
+        "TfIdfVectorizer",
+        {"X": np.zeros((0, 3), np.int64)},
+        attrs,
+        [np.zeros((0, 7), np.float32)],
+        opset=9,
+    )
+    # No pool n-gram has a length in range: all zeros.
+    expect(
+        "TfIdfVectorizer",
+        {"X": TOKENS},
+        tfidf("TF", (3, 3)),
+        [np.zeros((2, 7), np.float32)],
+        opset=9,
+    )
+
+
+@pytest.mark.parametrize(
+    "attrs, match",
+    [
+        (tfidf(pool_int64s=[2, 3, 2, 4, 5, 6, 7, 8, 6, 7]), "holds the n-gram .* twice"),
+        (
+            tfidf("IDF", ngram_indexes=[0, 0, 1, 2, 3, 4, 5], weights=[1.0] * 7),
+            "one output coordinate per",
+        ),
+        (tfidf("TFIDF", weights=[1.0, 2.0]), "weights has 2 values"),
+        (tfidf(ngram_indexes=[0, 1, 2]), "fewer than the 4 n-grams"),
+        (tfidf(ngram_counts=[0, 12]), "ngram_counts"),
+        (tfidf(mode="BM25"), "mode must be"),
+        (tfidf(lengths=(2, 1)), "min_gram_length <= max_gram_length"),
+        (tfidf(pool_strings=["a"]), "exactly one of pool_strings and pool_int64s"),
+    ],
+)
+def test_tfidf_vectorizer_rejects_bad_attributes(attrs, match):
+    raises("TfIdfVectorizer", {"X": TOKENS}, attrs, match, opset=9)
+
+
+def test_tfidf_vectorizer_rejects_other_ranks():
+    # The schema's shape inference (and so ONNX Runtime) takes rank 1 or 2 only.
+    for x in (np.array(5, np.int64), TOKENS[None]):
+        raises("TfIdfVectorizer", {"X": x}, tfidf(), r"must be \[C\] or \[N, C\]", opset=9)
+
+
+def test_tfidf_vectorizer_rejects_mismatched_pool():
+    raises(
+        "TfIdfVectorizer", {"X": strings("a", "b")}, tfidf(), "matching its string input", opset=9
+    )

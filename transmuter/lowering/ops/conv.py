@@ -2,10 +2,13 @@
 
 Layouts are ONNX's own (NCHW..., weights OIHW... for Conv, IOHW... for ConvTranspose); XLA picks
 the physical layout. Half-precision inputs accumulate in float32 and are cast back.
+CausalConvWithState (the depthwise causal conv with a carried state of Mamba and Gated DeltaNet)
+is a sum of shifted products instead.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -195,3 +198,51 @@ def conv_transpose(
         preferred_element_type=accumulator(x.dtype),
     )
     return _add_bias(y, b, x.dtype)
+
+
+_ACTIVATIONS = ("none", "silu", "swish")
+
+
+@op("CausalConvWithState", since=27)
+def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activation="none"):
+    """ONNX CausalConvWithState-27: depthwise causal 1-D conv over [past_state, input]."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(
+            f"CausalConvWithState: activation must be one of {_ACTIVATIONS}, got {activation!r}"
+        )
+    x, w = jnp.asarray(input), jnp.asarray(weight)
+    if x.ndim != 3:
+        raise ShapeError(
+            f"CausalConvWithState: input must be (batch_size, channels, length), got {x.shape}"
+        )
+    batch, channels, length = x.shape
+    if w.ndim != 3 or w.shape[:2] != (channels, 1) or w.shape[2] < 1:
+        raise ShapeError(
+            f"CausalConvWithState: weight must be ({channels}, 1, k) with k >= 1 for input "
+            f"{x.shape}, got {w.shape}"
+        )
+    k = w.shape[2]
+    if bias is not None and tuple(bias.shape) != (channels,):
+        raise ShapeError(
+            f"CausalConvWithState: bias must be ({channels},), got {tuple(bias.shape)}"
+        )
+    if past_state is None:
+        past = jnp.zeros((batch, channels, k - 1), x.dtype)
+    else:
+        past = jnp.asarray(past_state)
+        if tuple(past.shape) != (batch, channels, k - 1):
+            raise ShapeError(
+                f"CausalConvWithState: past_state must be ({batch}, {channels}, {k - 1}), got "
+                f"{tuple(past.shape)}"
+            )
+    padded = jnp.concatenate([past.astype(x.dtype), x], axis=2)
+    # k is a handful of taps (4 in Mamba/DeltaNet): a sum of shifted products fuses into one
+    # kernel and, unlike a grouped lax conv, accepts zero channels.
+    acc = accumulator(x.dtype) or x.dtype
+    taps = w[:, 0, :].astype(acc)
+    y = sum(padded[:, :, j : j + length].astype(acc) * taps[None, :, j, None] for j in range(k))
+    if bias is not None:
+        y = y + jnp.asarray(bias).astype(acc)[None, :, None]
+    if activation != "none":  # silu and swish are the same x * sigmoid(x)
+        y = jax.nn.silu(y)
+    return y.astype(x.dtype), padded[:, :, length:]

@@ -3,7 +3,7 @@
 Negative indices count from the end of their axis. Out-of-range indices are an error in ONNX;
 when the indices are known on the host they are checked, on the device they cannot be.
 NonZero, Compress and Unique have output shapes that depend on the data, so they run on the host
-with numpy (`data_dependent=True`).
+with numpy (`data_dependent=True`). ReverseSequence is a gather along its time axis.
 """
 
 from __future__ import annotations
@@ -299,3 +299,43 @@ def unique(X, *, axis=None, sorted=1):
         first, counts, inverse = first[order], counts[order], rank[inverse]
     as_int64 = (a.astype(np.int64) for a in (first, inverse, counts))
     return (values.astype(X.dtype), *as_int64)
+
+
+# ------------------------------------------------------------------------------- reversing
+
+
+@op("ReverseSequence", since=(10, 28), context=True)
+def reverse_sequence(ctx, input, sequence_lens, *, batch_axis=1, time_axis=0):
+    """ONNX ReverseSequence-10..28: reverse the first sequence_lens[b] steps of each batch entry."""
+    _strings_need_host_indices(ctx, input, sequence_lens)
+    if {batch_axis, time_axis} != {0, 1}:
+        raise ValueError(
+            "ReverseSequence batch_axis and time_axis must be 0 and 1 (one each); got "
+            f"batch_axis={batch_axis}, time_axis={time_axis}"
+        )
+    if input.ndim < 2:
+        raise ShapeError(f"ReverseSequence input must have rank >= 2; got {list(input.shape)}")
+    batch, steps = input.shape[batch_axis], input.shape[time_axis]
+    if tuple(sequence_lens.shape) != (batch,):
+        raise ShapeError(
+            f"ReverseSequence sequence_lens must have shape [{batch}] (the batch axis "
+            f"{batch_axis} of input {list(input.shape)}); got {list(sequence_lens.shape)}"
+        )
+    if isinstance(sequence_lens, np.ndarray) and sequence_lens.size:
+        low, high = int(sequence_lens.min()), int(sequence_lens.max())
+        if low < 0 or high > steps:
+            raise ShapeError(
+                f"ReverseSequence sequence_lens holds {low if low < 0 else high}, outside "
+                f"[0, {steps}] (the time axis {time_axis} of input {list(input.shape)})"
+            )
+    xp = array_module(input)
+    # Device lengths cannot be checked; clipped, an out-of-range one reverses the whole axis.
+    lens = xp.clip(xp.asarray(sequence_lens).astype(np.int64), 0, steps)
+    t = xp.arange(steps, dtype=np.int64)
+    if time_axis == 0:
+        t, lens = t[:, None], lens[None, :]
+    else:
+        t, lens = t[None, :], lens[:, None]
+    source = xp.where(t < lens, lens - 1 - t, t)
+    source = xp.reshape(source, source.shape + (1,) * (input.ndim - 2))
+    return xp.take_along_axis(input, xp.broadcast_to(source, input.shape), axis=time_axis)
