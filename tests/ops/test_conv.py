@@ -19,7 +19,15 @@ def _data(rng, shape, dtype=np.float32):
         ((1, 3, 7, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
         ((1, 3, 7, 8), (5, 3, 3, 2), {"pads": [0, 2, 1, 0], "strides": [2, 1]}),
         ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "dilations": [2, 1]}),
-        ((2, 6, 8, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),  # depthwise
+        # Depthwise (one input channel per group) takes the shifted-products path.
+        ((2, 6, 8, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+        ((1, 8, 12, 10), (8, 1, 7, 7), {"group": 8, "pads": [3, 3, 3, 3]}),  # ConvNeXt's
+        ((1, 3, 9, 8), (6, 1, 3, 2), {"group": 3, "strides": [2, 1], "dilations": [1, 2]}),
+        ((1, 4, 9, 8), (4, 1, 3, 3), {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ((1, 4, 9, 8), (4, 1, 2, 2), {"group": 4, "auto_pad": "SAME_LOWER"}),
+        ((1, 4, 9, 8), (4, 1, 3, 3), {"group": 4, "auto_pad": "VALID"}),
+        ((2, 5, 11), (5, 1, 4), {"group": 5, "pads": [2, 1], "strides": [3]}),
+        ((1, 2, 4, 5, 6), (2, 1, 2, 3, 3), {"group": 2, "pads": [1, 0, 1, 0, 1, 1]}),
         ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"strides": [1, 2, 2], "pads": [0, 1, 0, 1, 0, 1]}),
         ((1, 3, 8, 7), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
         ((1, 3, 8, 7), (2, 3, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [1, 2]}),
