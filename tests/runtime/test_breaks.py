@@ -341,3 +341,75 @@ def test_second_process_hits_the_disk_cache(tmp_path):
     ]
     assert runs[0].stdout.strip() == "miss,miss", runs[0].stderr
     assert runs[1].stdout.strip() == "hit,hit", runs[1].stderr
+
+
+def test_nested_breaks_inside_if_and_loop_bodies(rng):
+    """NonZero inside an If branch and inside a Loop body: the enclosing node breaks and runs
+    on the host, where the nested data-dependent op can run."""
+    then_branch = helper.make_graph(
+        [
+            helper.make_node("Greater", ["x", "zero"], ["pos"]),
+            helper.make_node("NonZero", ["pos"], ["idx"]),
+            helper.make_node("Cast", ["idx"], ["then_out"], to=F),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", F, None)],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["else_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", F, None)],
+    )
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Less", ["x", "zero"], ["neg"]),
+            helper.make_node("NonZero", ["neg"], ["where"]),
+            helper.make_node("ReduceSum", ["where"], ["count"], keepdims=0),
+            helper.make_node("Add", ["acc_in", "count"], ["acc_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", I64, []),
+            helper.make_tensor_value_info("cond_in", BOOL, []),
+            helper.make_tensor_value_info("acc_in", I64, []),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", BOOL, []),
+            helper.make_tensor_value_info("acc_out", I64, []),
+        ],
+    )
+    nodes = chain("a", "x0", 22, "x") + [
+        helper.make_node(
+            "If", ["flag"], ["branch"], then_branch=then_branch, else_branch=else_branch
+        ),
+        helper.make_node("Loop", ["three", "", "acc0"], ["acc"], body=body),
+    ]
+    proto = make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x0", F, ["n"]),
+            helper.make_tensor_value_info("flag", BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("branch", F, None),
+            helper.make_tensor_value_info("acc", I64, []),
+        ],
+        [
+            numpy_helper.from_array(np.array(0.5, np.float32), "zero"),
+            numpy_helper.from_array(np.array(3, np.int64), "three"),
+            numpy_helper.from_array(np.array(0, np.int64), "acc0"),
+        ],
+    )
+    model = transmuter.load(proto)
+    x = rng.standard_normal(7).astype(np.float32)
+    fn = transmuter.compile(model, {"x0": x, "flag": np.array(True)})
+    assert fn.segments[0] == (0, 22, True)  # the If breaks
+    for flag in (True, False):
+        x = rng.standard_normal(7).astype(np.float32)
+        inputs = {"x0": x, "flag": np.array(flag)}
+        got, want = fn(inputs), ort_run(proto, inputs)
+        np.testing.assert_allclose(got["branch"], want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["acc"], want[1])
