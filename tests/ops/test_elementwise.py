@@ -669,6 +669,47 @@ def test_cast_int4_wraps():
     _expect("Cast", {"X": x}, {"to": T.INT4}, [np.array([7, -8, 7, 1], ml_dtypes.int4)], opset=21)
 
 
+SUB_BYTE_INTS = [
+    (T.INT4, ml_dtypes.int4, (21, 23, 24, 25, 28)),
+    (T.UINT4, ml_dtypes.uint4, (21, 23, 24, 25, 28)),
+    (T.INT2, ml_dtypes.int2, (25, 28)),
+    (T.UINT2, ml_dtypes.uint2, (25, 28)),
+]
+
+
+@pytest.mark.parametrize(
+    "to, dtype, opset",
+    [
+        pytest.param(to, dtype, v, id=f"{T.DataType.Name(to)}-{v}")
+        for to, dtype, versions in SUB_BYTE_INTS
+        for v in versions
+    ],
+)
+@pytest.mark.parametrize("source", [np.float32, np.float16, np.float64], ids=["f32", "f16", "f64"])
+def test_cast_float_to_sub_byte_int_wraps(to, dtype, opset, source):
+    """Out-of-range floats truncate toward zero and keep the low bits, in every Cast version
+    (the spec leaves float -> integer overflow undefined; onnx's conformance data wraps):
+    INT4 -9 -> 7 and 8 -> -8, UINT4 -1 -> 15, INT2 2 -> -2."""
+    x = np.concatenate([np.arange(-9, 17), [2.7, -2.7, 100.5, -100.5]]).astype(source)
+    # ONNX Runtime's Python API cannot return 4- or 2-bit tensors; onnx.reference wraps.
+    reference = check_node("Cast", {"X": x}, {"to": to}, opset=opset, reference="onnx")[0]
+    info = ml_dtypes.iinfo(dtype)
+    wrapped = np.trunc(x).astype(np.int64) % (1 << info.bits)
+    wrapped = np.where(wrapped > info.max, wrapped - (1 << info.bits), wrapped)
+    np.testing.assert_array_equal(reference.astype(np.int64), wrapped)
+
+
+@pytest.mark.parametrize(
+    "to, dtype, versions",
+    [pytest.param(*case, id=T.DataType.Name(case[0])) for case in SUB_BYTE_INTS],
+)
+def test_cast_like_float_to_sub_byte_int_wraps(to, dtype, versions):
+    x = np.arange(-9, 17).astype(np.float32)
+    like = np.zeros((1,), dtype)
+    for opset in [v for v in (21, 23, 24, 25) if v >= versions[0]]:
+        check_node("CastLike", {"X": x, "like": like}, opset=opset, reference="onnx")
+
+
 @pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
 @pytest.mark.parametrize("saturate", [0, 1])
 def test_cast_e8m0(round_mode, saturate):
@@ -840,6 +881,9 @@ def test_gelu_rejects_unknown_approximation(rng):
         ((2, 3), (), 7),
         ((2, 3, 4, 5), (1,), 6),
         ((2, 3, 4), (2, 3, 4), 6),
+        ((2, 3, 4), (3,), 6),
+        ((2, 3, 4, 5), (3,), 6),
+        ((2, 3, 4, 5, 6), (3,), 1),
         ((0, 3), (3,), 16),
     ],
 )
@@ -862,6 +906,23 @@ def test_prelu_integers_and_v1(rng):
     check_node(
         "PRelu", {"X": f, "slope": np.full((1,), 0.5, np.float32)}, opset=1, reference="onnx"
     )
+
+
+@pytest.mark.parametrize("opset", [1, 6])
+def test_prelu_v6_slope_per_channel(rng, opset):
+    """Before opset 7 a [C] slope applies along X's axis 1 (the pytorch-converted PReLU
+    models), even where NumPy would broadcast it along the last axis."""
+    x = rng.standard_normal((2, 3, 3)).astype(np.float32)
+    slope = np.array([0.1, 0.2, 0.3], np.float32)
+    want = np.where(x < 0, x * slope[:, None], x)
+    _expect("PRelu", {"X": x, "slope": slope}, {}, [want], opset=opset)
+
+
+def test_prelu_v7_slope_broadcasts_numpy_style(rng):
+    # From opset 7 the slope broadcasts unidirectionally: [C] meets X's last axis, not axis 1.
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    with pytest.raises(TransmuterError, match="unidirectionally"):
+        _expect("PRelu", {"X": x, "slope": np.ones((3,), np.float32)}, {}, [x], opset=7)
 
 
 def test_prelu_slope_must_broadcast_onto_x(rng):

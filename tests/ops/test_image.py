@@ -105,7 +105,34 @@ def test_resize_interpolating(rng, shape, given, coordinates, mode):
     if mode == "cubic" and len(shape) == 5:
         pytest.skip("ONNX Runtime's cubic mode resizes at most 2 axes (its 4-D kernel)")
     attrs = {"mode": mode, "coordinate_transformation_mode": coordinates}
-    check_resize(_data(rng, shape), given, attrs)
+    reference = _align_corners_reference(shape, given, attrs)
+    check_resize(_data(rng, shape), given, attrs, reference=reference)
+
+
+def _align_corners_reference(shape, given, attrs) -> str:
+    """align_corners with scales divides by scale * size - 1 (the spec's example data), ONNX
+    Runtime by the integer output size less one: where scale * size is fractional, compare with
+    onnx.reference (elsewhere its float64 output sizes can differ from float32 ones)."""
+    if attrs.get("coordinate_transformation_mode") != "align_corners" or "scales" not in given:
+        return "ort"
+    resized = np.float32(given["scales"]) * np.float32(shape)
+    return "onnx" if np.any(resized != np.floor(resized)) else "ort"
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18, 19])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_align_corners_with_scales_divides_by_scale_times_size(mode, opset):
+    """The spec's example (test_resize_downsample_scales_linear_align_corners): 4 * 0.6 = 2.4
+    resized columns, so output column 1 samples x = 1 * (4 - 1) / (2.4 - 1) = 2.142857."""
+    x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 2, 4)
+    attrs = {"mode": mode, "coordinate_transformation_mode": "align_corners"}
+    inputs = _resize_inputs(x, {"scales": [1, 1, 0.6, 0.6]}, roi=[] if opset == 11 else None)
+    want = check_node(
+        "Resize", inputs, attrs, opset=opset, constants=["roi", "scales", "sizes"],
+        input_names=RESIZE_INPUTS, reference="onnx",
+    )[0]  # fmt: skip
+    if mode == "linear":
+        np.testing.assert_allclose(want, [[[[1.0, 3.142857]]]], rtol=1e-6)
 
 
 @pytest.mark.parametrize("shape, given", GEOMETRIES[:5])
@@ -153,9 +180,9 @@ def test_resize_antialias(rng, mode, shape, given, exclude_outside):
 @pytest.mark.parametrize("coordinates", ["align_corners", "asymmetric", "pytorch_half_pixel"])
 def test_resize_antialias_coordinates(rng, mode, coordinates):
     attrs = {"mode": mode, "antialias": 1, "coordinate_transformation_mode": coordinates}
-    check_resize(
-        _data(rng, (1, 1, 13, 11)), {"scales": [1, 1, 0.4, 0.7]}, attrs, opset=18, tol=1e-4
-    )
+    shape, given = (1, 1, 13, 11), {"scales": [1, 1, 0.4, 0.7]}
+    reference = _align_corners_reference(shape, given, attrs)
+    check_resize(_data(rng, shape), given, attrs, opset=18, tol=1e-4, reference=reference)
 
 
 @pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])

@@ -199,6 +199,37 @@ def test_einsum_dtypes(rng, dtype, opset):
     )
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "equation, shapes",
+    [
+        ("ij->i", [(3, 4)]),
+        ("ij->", [(3, 4)]),
+        ("ii->i", [(3, 3)]),
+        ("ii", [(3, 3)]),
+        ("ij,jk->i", [(2, 3), (3, 4)]),
+        ("ij,kl->", [(2, 3), (4, 5)]),
+        ("ii,ij->j", [(3, 3), (3, 2)]),
+        ("...ij->...", [(2, 3, 4)]),
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_einsum_half_sums_within_an_operand(rng, dtype, equation, shapes):
+    """Labels summed inside one operand (test_einsum_sum_bfloat16): half inputs accumulate in
+    float32 and round once, with no float32/half promotion."""
+    inputs = {f"x{i}": _data(rng, shape).astype(dtype) for i, shape in enumerate(shapes)}
+    wide = [x.astype(np.float32) for x in inputs.values()]
+    want = np.asarray(np.einsum(equation, *wide)).astype(dtype)
+    _expect("Einsum", inputs, {"equation": equation}, [want], opset=12, rtol=1e-2, atol=1e-2)
+
+
+def test_einsum_bfloat16_sum_accumulates_in_float32():
+    # 4096 ones: a bfloat16 accumulator would stall at 256.
+    x = np.ones((4, 1024), ml_dtypes.bfloat16)
+    _expect("Einsum", {"x0": x}, {"equation": "ij->"}, [np.array(4096, x.dtype)], opset=12)
+
+
 # ------------------------------------------------------------------------------------- Det
 
 

@@ -84,11 +84,50 @@ def test_batch_normalization_per_activation(rng):
     check_node("BatchNormalization", inputs, {"spatial": 0}, opset=7, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("opset, attrs", [(15, {"training_mode": 1}), (9, {})])
-def test_batch_normalization_training_is_unsupported(rng, opset, attrs):
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5), (1, 2, 2, 3, 4)])
+@pytest.mark.parametrize("opset", [14, 15])
+@pytest.mark.parametrize("momentum", [None, 0.7])
+def test_batch_normalization_training_mode(rng, shape, opset, momentum):
+    """Batch statistics normalize X; running_mean/var blend the inputs with them by momentum."""
+    attrs = {"training_mode": 1, "epsilon": 1e-3}
+    if momentum is not None:
+        attrs["momentum"] = momentum
+    outputs = ["Y", "running_mean", "running_var"]
+    inputs = _bn_inputs(rng, shape)
+    check_node(
+        "BatchNormalization", inputs, attrs, opset=opset, outputs=outputs, rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("dtype, param_dtype", [(np.float64, None), (np.float16, np.float32)])
+def test_batch_normalization_training_mode_types(rng, dtype, param_dtype):
+    # ONNX Runtime has no float16 training kernel; onnx.reference casts the running statistics
+    # to X's type, where the spec gives them input_mean's (T2), so check those by hand.
+    inputs = _bn_inputs(rng, (2, 3, 4, 4), dtype, param_dtype)
+    attrs = {"training_mode": 1, "momentum": 0.8}
+    outputs = ["Y", "running_mean", "running_var"]
+    if param_dtype is None:
+        check_node("BatchNormalization", inputs, attrs, opset=15, outputs=outputs)
+        return
+    model = make_node_model("BatchNormalization", inputs, attrs, opset=15, outputs=outputs)
+    x = inputs["X"].astype(np.float64)
+    mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    shaped = [v.reshape(1, -1, 1, 1) for v in (mean, var, inputs["scale"], inputs["B"])]
+    y = (x - shaped[0]) / np.sqrt(shaped[1] + 1e-5) * shaped[2] + shaped[3]
+    want = [
+        y.astype(np.float16),
+        (inputs["mean"] * 0.8 + mean * 0.2).astype(np.float32),
+        (inputs["var"] * 0.8 + var * 0.2).astype(np.float32),
+    ]
+    for mode, got in transmuter_runs(model, inputs).items():
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_close(g, w, rtol=1e-2, atol=1e-2, what=f"output {i} ({mode})")
+
+
+def test_batch_normalization_v9_training_is_unsupported(rng):
     inputs = _bn_inputs(rng, (2, 3, 4))
     outputs = ["Y", "running_mean", "running_var"]
-    model = make_node_model("BatchNormalization", inputs, attrs, opset=opset, outputs=outputs)
+    model = make_node_model("BatchNormalization", inputs, {}, opset=9, outputs=outputs)
     with pytest.raises(TransmuterError, match="training"):
         transmuter_runs(model, inputs, compiled=False)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
+from transmuter.errors import TransmuterError
 
 GEOMETRIES = [
     ((2, 3, 9), {"kernel_shape": [3]}),
@@ -250,11 +251,6 @@ def _pooled(rng, shape, attrs):
         ((1, 2, 6, 6), {"kernel_shape": [2, 2], "strides": [2, 2]}, None),
         ((2, 2, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2]}, None),
         ((2, 2, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2]}, [2, 2, 7, 7]),
-        (
-            (1, 2, 8, 8),
-            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-            [1, 2, 8, 8],
-        ),
         ((1, 2, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, None),
         ((1, 1, 9), {"kernel_shape": [2], "strides": [2]}, [1, 1, 9]),
     ],
@@ -266,3 +262,40 @@ def test_max_unpool(rng, shape, attrs, output_shape, opset):
     if output_shape is not None:
         inputs["output_shape"] = np.array(output_shape, np.int64)
     check_node("MaxUnpool", inputs, attrs, opset=opset, constants=["output_shape"])
+
+
+@pytest.mark.parametrize("opset", [9, 11, 22])
+def test_max_unpool_output_shape_extends_the_grid(rng, opset):
+    """The spec's example: the indices address the 4x4 grid that kernel_shape and strides give;
+    output_shape appends zeros. ONNX Runtime reads them in output_shape's own layout instead."""
+    x = np.array([[[[5, 6], [7, 8]]]], np.float32)
+    i = np.array([[[[5, 7], [13, 15]]]], np.int64)
+    inputs = {"X": x, "I": i, "output_shape": np.array([1, 1, 5, 5], np.int64)}
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    want = np.zeros((1, 1, 5, 5), np.float32)
+    want[0, 0, 1:4:2, 1:4:2] = [[5, 6], [7, 8]]
+    expected = check_node(
+        "MaxUnpool", inputs, attrs, opset=opset, constants=["output_shape"], reference="onnx"
+    )
+    np.testing.assert_array_equal(expected[0], want)
+    # With pads the grid is (4 - 1) * 2 + 3 - 2 = 7 per axis, extended to 9 at the ends.
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    y, i = _pooled(rng, (1, 2, 7, 7), attrs)
+    inputs = {"X": y, "I": i, "output_shape": np.array([1, 2, 9, 9], np.int64)}
+    check_node(
+        "MaxUnpool", inputs, attrs, opset=opset, constants=["output_shape"], reference="onnx"
+    )
+
+
+def test_max_unpool_output_shape_smaller_than_the_grid():
+    inputs = {
+        "X": np.ones((1, 1, 2, 2), np.float32),
+        "I": np.array([[[[0, 2], [8, 10]]]], np.int64),
+        "output_shape": np.array([1, 1, 3, 3], np.int64),
+    }
+    model = make_node_model(
+        "MaxUnpool", inputs, {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=22,
+        constants=["output_shape"],
+    )  # fmt: skip
+    with pytest.raises(TransmuterError, match="smaller than the unpooled shape"):
+        transmuter_runs(model, inputs)

@@ -123,6 +123,25 @@ def test_reduce_max_min_bool_and_small_ints(rng, op_type):
         check_node(op_type, {"X": rng.integers(0, 100, (3, 4)).astype(dtype)}, opset=20)
 
 
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_max_min_bool_along_an_axis(keepdims):
+    """False < True (ReduceMax-20): rows that are all False or all True must not take the
+    identity's value."""
+    x = np.array([[False, False, False], [False, True, False], [True, True, True]])
+    inputs = {"X": x, "axes": np.array([1], np.int64)}
+    for op_type in ("ReduceMax", "ReduceMin"):
+        attrs = {"keepdims": keepdims}
+        check_node(op_type, inputs, attrs, opset=20, constants=["axes"])
+
+
+@pytest.mark.parametrize("op_type, value", [("ReduceMax", False), ("ReduceMin", True)])
+def test_reduce_max_min_bool_empty_set(op_type, value):
+    # The empty max is the smallest value (False), the empty min the largest (True).
+    inputs = {"X": np.zeros((2, 0, 4), bool), "axes": np.array([1], np.int64)}
+    want = np.full((2, 1, 4), value)
+    _expect(op_type, inputs, {}, [want], opset=20, constants=["axes"])
+
+
 @pytest.mark.parametrize(
     "op_type, value",
     [

@@ -402,6 +402,9 @@ _FLOAT8 = {
 }
 _FNUZ = {np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2fnuz)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+_SUB_BYTE_INTS = {
+    np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2)
+}
 # Cast-1 names its target with TensorProto.DataType names; these are the types it allows.
 _CAST_V1_TYPES = {
     "FLOAT": 1,
@@ -440,6 +443,11 @@ def _cast(x, to, *, saturate=1, inf_saturates=True, round_mode="up"):
         return clipped.astype(to)
     if to == _E8M0:
         return _to_e8m0(x, saturate, round_mode)
+    if to in _SUB_BYTE_INTS and dtypes.is_float(x.dtype):
+        # Every Cast version leaves out-of-range float -> integer undefined; for the 4- and 2-bit
+        # types onnx's conformance data truncates toward zero and keeps the low bits (INT4:
+        # 8 -> -8, -9 -> 7), as integer -> integer casts do. XLA's float -> int4 would saturate.
+        return jnp.asarray(x).astype(jnp.int64).astype(to)
     return jnp.asarray(x).astype(to)
 
 
@@ -604,19 +612,24 @@ def leaky_relu(X, *, alpha=0.009999999776482582):
 
 @op("PRelu", since=1)
 def prelu_v1(X, slope, *, consumed_inputs=None):
-    """ONNX PRelu-1: slope * x for x < 0, else x; slope has one element or X's shape."""
+    """ONNX PRelu-1: slope * x for x < 0, else x; slope is shared, per channel or per element."""
     return prelu_v6(X, slope)
 
 
 @op("PRelu", since=6)
 def prelu_v6(X, slope):
-    """ONNX PRelu-6: slope * x for x < 0, else x; slope has one element or X's shape."""
+    """ONNX PRelu-6: slope * x for x < 0, else x; slope is shared, per channel or per element."""
+    # Before unidirectional broadcasting (opset 7) the slope is "shared across channels" when it
+    # has one element, else per channel: a [C] slope applies along axis 1 of X [N, C, ...], as
+    # in Caffe2, where the operator comes from (and the pytorch-converted PReLU models).
     if math.prod(slope.shape) == 1:
         slope = jnp.reshape(slope, ())
+    elif slope.ndim == 1 and X.ndim >= 2 and slope.shape[0] == X.shape[1]:
+        slope = jnp.reshape(slope, (-1,) + (1,) * (X.ndim - 2))
     elif tuple(slope.shape) != tuple(X.shape):
         raise ShapeError(
-            f"PRelu-6 slope must have one element or X's shape {list(X.shape)}, got "
-            f"{list(slope.shape)}"
+            f"PRelu-6 slope must have one element, one per channel (X's axis 1) or X's shape "
+            f"{list(X.shape)}, got {list(slope.shape)}"
         )
     return jnp.where(X < 0, slope * X, X)
 

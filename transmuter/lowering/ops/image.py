@@ -30,8 +30,11 @@ _COORDINATE_MODES = (
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _source_coordinates(mode, out: int, size: int, scale, roi_start, roi_end) -> np.ndarray:
-    """Float32 positions in the input of each output index along one axis."""
+def _source_coordinates(
+    mode, out: int, resized, size: int, scale, roi_start, roi_end
+) -> np.ndarray:
+    """Float32 positions in the input of each output index along one axis. `resized` is the
+    spec's length_resized: scale * size when scales are given (fractional), else `out`."""
     y = np.arange(out, dtype=_F32)
     scale, size_f, out_f, half = _F32(scale), _F32(size), _F32(out), _F32(0.5)
     if mode == "half_pixel":
@@ -43,7 +46,11 @@ def _source_coordinates(mode, out: int, size: int, scale, roi_start, roi_end) ->
     if mode == "pytorch_half_pixel":
         return (y + half) / scale - half if out > 1 else np.zeros(out, _F32)
     if mode == "align_corners":
-        return y * (size_f - 1) / (out_f - 1) if out > 1 else np.zeros(out, _F32)
+        # The spec's example data (test_resize_downsample_scales_*_align_corners) divide by
+        # scale * size - 1, not by the integer output length less one as ONNX Runtime and
+        # PyTorch do; the two differ only when scale * size is not a whole number.
+        resized = _F32(resized)
+        return y * (size_f - 1) / (resized - 1) if resized > 1 else np.zeros(out, _F32)
     if mode == "asymmetric":
         return y / scale
     if mode == "tf_half_pixel_for_nn":
@@ -128,7 +135,8 @@ def _host_vector(value, dtype) -> np.ndarray | None:
 
 
 def _output_plan(shape, scales, sizes, axes, policy):
-    """Output size and the scale that maps coordinates, per axis of X."""
+    """Output size, the scale that maps coordinates and the (possibly fractional) resized
+    length scale * size (the output size when sizes are given), per axis of X."""
     rank = len(shape)
     out, scale = list(shape), [1.0] * rank
     given = scales if scales is not None else sizes
@@ -141,6 +149,7 @@ def _output_plan(shape, scales, sizes, axes, policy):
             f"Resize: {'scales' if scales is not None else 'sizes'} has {len(given)} values for {len(axes)} axes"
         )
     if scales is not None:
+        resized = list(out)
         for axis, s in zip(axes, scales.astype(_F32), strict=True):
             if s <= 0:
                 raise ShapeError(f"Resize: scales must be positive, got {scales.tolist()}")
@@ -149,18 +158,19 @@ def _output_plan(shape, scales, sizes, axes, policy):
             # float32 product, as ONNX Runtime computes it (and so matches the frameworks
             # whose float scales were rounded to float32 on export).
             out[axis], scale[axis] = int(np.floor(_F32(s) * _F32(shape[axis]))), s
-        return out, scale
+            resized[axis] = _F32(s) * _F32(shape[axis])
+        return out, scale, resized
     ratios = [_F32(n) / _F32(shape[axis]) for axis, n in zip(axes, sizes, strict=True)]
     if policy == "stretch":
         for axis, n, ratio in zip(axes, sizes, ratios, strict=True):
             out[axis], scale[axis] = int(n), ratio
-        return out, scale
+        return out, scale, out
     if policy not in ("not_larger", "not_smaller"):
         raise ValueError(f"Resize: unknown keep_aspect_ratio_policy {policy!r}")
     common = min(ratios) if policy == "not_larger" else max(ratios)
     for axis in axes:
         out[axis], scale[axis] = int(np.floor(common * _F32(shape[axis]) + _F32(0.5))), common
-    return out, scale
+    return out, scale, out
 
 
 def _resize(
@@ -183,7 +193,7 @@ def _resize(
     x = x if on_host else jnp.asarray(x)
     in_dtype, rank = x.dtype, x.ndim
     axes = tuple(range(rank)) if axes is None else tuple(a % rank for a in axes)
-    out, scale = _output_plan(
+    out, scale, resized = _output_plan(
         x.shape,
         _host_vector(scales, _F32),
         _host_vector(sizes, np.int64),
@@ -207,7 +217,7 @@ def _resize(
             continue
         start, end = (roi[i], roi[i + len(axes)]) if crop else (0.0, 1.0)
         source = _source_coordinates(
-            coordinate_transformation_mode, out[axis], size, scale[axis], start, end
+            coordinate_transformation_mode, out[axis], resized[axis], size, scale[axis], start, end
         )
         index, weights = _axis_taps(
             source, size, scale[axis], mode, nearest_mode, cubic_coeff_a, exclude_outside, antialias

@@ -7,6 +7,8 @@ the other types accumulate in their own type. Matmul precision on accelerators i
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax.numpy as jnp
 
 from transmuter.errors import ShapeError
@@ -82,10 +84,29 @@ def einsum(*Inputs, equation):
     if not Inputs:
         raise ShapeError("Einsum needs at least one input")
     dtype = Inputs[0].dtype
-    result = jnp.einsum(
-        equation.replace(" ", ""), *Inputs, preferred_element_type=accumulation_dtype(dtype)
-    )
+    wide = accumulation_dtype(dtype)
+    equation = equation.replace(" ", "")
+    if wide != dtype and _sums_within_an_operand(equation):
+        # jnp.einsum sums such labels with a reduce that mixes the operand's half type with
+        # preferred_element_type (a promotion strict mode refuses), so widen the operands first.
+        Inputs = [x.astype(wide) for x in Inputs]
+    result = jnp.einsum(equation, *Inputs, preferred_element_type=wide)
     return result.astype(dtype)
+
+
+def _sums_within_an_operand(equation: str) -> bool:
+    """True when a label is summed inside one operand: it repeats within a term (a diagonal),
+    or it appears in a single term and not in the output."""
+    inputs, arrow, output = equation.partition("->")
+    terms = [term.replace("...", ".") for term in inputs.split(",")]
+    if any(len(set(term)) != len(term) for term in terms):
+        return True
+    in_terms = Counter(label for term in terms for label in term)
+    if not arrow:
+        # Implicit output: every label that appears once (and the ellipsis) is kept.
+        return False
+    output = output.replace("...", ".")
+    return any(count == 1 and label not in output for label, count in in_terms.items())
 
 
 @op("Det", since=(11, 22))

@@ -1,4 +1,4 @@
-"""Normalizations: Batch (inference), Layer, Group, Instance, MeanVariance, LRN and RMS.
+"""Normalizations: Batch, Layer, Group, Instance, MeanVariance, LRN and RMS.
 
 Statistics of float16/bfloat16 inputs are computed in float32 (or the node's stash_type) and the
 result is cast back once, at the end.
@@ -119,13 +119,38 @@ def batch_normalization_v9(ctx, x, scale, b, mean, var, *, epsilon=1e-5, momentu
 def batch_normalization_v14(
     ctx, x, scale, b, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0
 ):
-    """ONNX BatchNormalization-14..15 with training_mode=0: normalize with the given statistics."""
+    """ONNX BatchNormalization-14..15: normalize with the given statistics, or (training_mode=1)
+    with the batch's and also return the momentum-updated running mean and variance."""
     if training_mode:
-        raise UnsupportedOpError(
-            "", "BatchNormalization", ctx.opset, ctx.node.label,
-            "training_mode=1 is not supported; export the model in inference mode",
-        )  # fmt: skip
+        return _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum)
     return _batch_norm(ctx, x, scale, b, input_mean, input_var, epsilon)
+
+
+def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ShapeError(f"BatchNormalization: X must be (N, C, ...), got shape {x.shape}")
+    # The batch statistics (population variance) are computed in float32 for half inputs, as
+    # BatchNormalization-15 asks.
+    dtype = _compute_dtype(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    wide = x.astype(dtype)
+    mean = jnp.mean(wide, axis=axes, keepdims=True)
+    centered = wide - mean
+    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
+    scale = _channel_shaped("BatchNormalization", "scale", scale, x, dtype)
+    b = _channel_shaped("BatchNormalization", "B", b, x, dtype)
+    y = centered * (scale * lax.rsqrt(var + jnp.asarray(epsilon, dtype))) + b
+    # running_mean and running_var have input_mean's type (U in version 14, T2 in 15).
+    stats_dtype = jnp.asarray(input_mean).dtype
+    wide = _compute_dtype(jnp.asarray(input_mean))
+    keep = jnp.asarray(momentum, wide)
+    running = []
+    for name, given, current in (("input_mean", input_mean, mean), ("input_var", input_var, var)):
+        given = _channel_shaped("BatchNormalization", name, given, x, wide).reshape(-1)
+        updated = given * keep + current.reshape(-1).astype(wide) * (1 - keep)
+        running.append(updated.astype(stats_dtype))
+    return (y.astype(x.dtype), *running)
 
 
 def _normalized_axes(op_type: str, x, axis: int) -> tuple[int, ...]:

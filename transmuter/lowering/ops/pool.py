@@ -286,17 +286,27 @@ def max_unpool(x, i, output_shape=None, *, kernel_shape, pads=None, strides=None
         raise ShapeError(
             f"MaxUnpool: X (N, C, D1, ...) and I must have one shape, got {x.shape} and {i.shape}"
         )
-    if output_shape is not None:
-        shape = tuple(int(d) for d in np.asarray(output_shape).reshape(-1))
-        if len(shape) != x.ndim:
-            raise ShapeError(f"MaxUnpool: output_shape must have {x.ndim} values, got {shape}")
-    else:
-        if kernel_shape is None or len(kernel_shape) != rank:
-            raise ShapeError(f"MaxUnpool: kernel_shape must give {rank} sizes, got {kernel_shape}")
-        strides, _, pad_pairs = spatial_attrs("MaxUnpool", rank, strides, None, pads, "NOTSET")
-        shape = x.shape[:2] + tuple(
-            (n - 1) * s + k - lo - hi
-            for n, s, k, (lo, hi) in zip(x.shape[2:], strides, kernel_shape, pad_pairs, strict=True)
+    if kernel_shape is None or len(kernel_shape) != rank:
+        raise ShapeError(f"MaxUnpool: kernel_shape must give {rank} sizes, got {kernel_shape}")
+    strides, _, pad_pairs = spatial_attrs("MaxUnpool", rank, strides, None, pads, "NOTSET")
+    grid = x.shape[:2] + tuple(
+        (n - 1) * s + k - lo - hi
+        for n, s, k, (lo, hi) in zip(x.shape[2:], strides, kernel_shape, pad_pairs, strict=True)
+    )
+    out = jnp.zeros((math.prod(grid),), x.dtype)
+    out = out.at[i.reshape(-1)].set(x.reshape(-1), mode="drop").reshape(grid)
+    if output_shape is None:
+        return out
+    shape = tuple(int(d) for d in np.asarray(output_shape).reshape(-1))
+    if len(shape) != x.ndim:
+        raise ShapeError(f"MaxUnpool: output_shape must have {x.ndim} values, got {shape}")
+    if any(want < have for want, have in zip(shape, grid, strict=True)):
+        raise ShapeError(
+            f"MaxUnpool: output_shape {list(shape)} is smaller than the unpooled shape "
+            f"{list(grid)} that kernel_shape, strides and pads give"
         )
-    out = jnp.zeros((math.prod(shape),), x.dtype)
-    return out.at[i.reshape(-1)].set(x.reshape(-1), mode="drop").reshape(shape)
+    # As the spec's example (test_maxunpool_export_with_output_shape) and onnx.reference do, the
+    # indices address the grid that kernel_shape, strides and pads give, and output_shape adds
+    # zeros at the end of each axis. ONNX Runtime reads the indices in output_shape's own
+    # row-major layout instead; the two agree when output_shape equals that grid.
+    return jnp.pad(out, [(0, want - have) for want, have in zip(shape, grid, strict=True)])

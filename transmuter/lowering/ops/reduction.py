@@ -44,7 +44,8 @@ def _extreme(x, *, largest: bool):
     """The identity of max (largest=False) or min: -inf/+inf, or the type's limits."""
     dtype = np.dtype(x.dtype)
     if dtype == np.bool_:
-        return not largest
+        # False < True (ReduceMax-20): an empty max is False, an empty min True.
+        return largest
     if dtypes.is_float(dtype):
         return math.inf if largest else -math.inf
     info = jnp.iinfo(dtype)
