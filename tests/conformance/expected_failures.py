@@ -40,3 +40,16 @@ EXPECTED_FAILURES: dict[str, str] = {
         "the element); the outputs are checked in test_cases_the_runner_cannot_compare"
     ),
 }
+
+
+# Cases that fail at random, not by design: non-strict xfails, each with what makes it random.
+# Keep this empty where possible; an entry is a bug to chase, outside Transmuter or not.
+NONDETERMINISTIC: dict[str, str] = {
+    # Constant 0.02 weights drive activations to ~1e10. Compiled, about half the runs return NaN
+    # from the final Softmax; with --xla_cpu_multi_thread_eigen=false, 0 of 8 runs do, and eager
+    # runs never do: XLA:CPU's multithreaded Eigen path, not the lowering.
+    "test_squeezenet_cpu": (
+        "XLA:CPU's multithreaded Eigen path gives NaN at random on this model's ~1e10 "
+        "activations (deterministic and correct with --xla_cpu_multi_thread_eigen=false)"
+    ),
+}
