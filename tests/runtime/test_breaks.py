@@ -413,3 +413,60 @@ def test_nested_breaks_inside_if_and_loop_bodies(rng):
         got, want = fn(inputs), ort_run(proto, inputs)
         np.testing.assert_allclose(got["branch"], want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got["acc"], want[1])
+
+
+def test_detector_head_keeps_a_data_dependent_number_of_boxes(rng):
+    """Conv backbone -> boxes and scores -> NonMaxSuppression -> Gather of the kept boxes: the
+    number kept depends on the image, so the graph breaks at NMS and compiles after it."""
+    boxes_per_image = 16
+    nodes = [
+        helper.make_node("Conv", ["image", "w1"], ["f1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["f2"], strides=[2, 2]),  # [1, 5, 4, 4]
+        helper.make_node("Reshape", ["f2", "flat_shape"], ["flat"]),  # [1, 5, 16]
+        helper.make_node("Transpose", ["flat"], ["per_box"], perm=[0, 2, 1]),  # [1, 16, 5]
+        helper.make_node("Slice", ["per_box", "s0", "s4", "s2"], ["raw_boxes"]),  # [1, 16, 4]
+        helper.make_node("Slice", ["per_box", "s4", "s5", "s2"], ["logit"]),  # [1, 16, 1]
+        helper.make_node("Sigmoid", ["logit"], ["score_col"]),
+        helper.make_node("Transpose", ["score_col"], ["scores"], perm=[0, 2, 1]),  # [1, 1, 16]
+        helper.make_node("Mul", ["raw_boxes", "scale"], ["boxes"]),
+        helper.make_node(
+            "NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "min_score"], ["selected"]
+        ),
+        helper.make_node("Gather", ["selected", "two"], ["box_index"], axis=1),
+        helper.make_node("Squeeze", ["boxes", "zero_axis"], ["all_boxes"]),
+        helper.make_node("Gather", ["all_boxes", "box_index"], ["kept"], axis=0),
+    ] + chain("post", "kept", 21, "out")
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((5, 4, 2, 2)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([1, 5, boxes_per_image], np.int64), "flat_shape"),
+        numpy_helper.from_array(np.array([0], np.int64), "s0"),
+        numpy_helper.from_array(np.array([4], np.int64), "s4"),
+        numpy_helper.from_array(np.array([5], np.int64), "s5"),
+        numpy_helper.from_array(np.array([2], np.int64), "s2"),
+        numpy_helper.from_array(np.array(4.0, np.float32), "scale"),
+        numpy_helper.from_array(np.array([10], np.int64), "max_out"),
+        numpy_helper.from_array(np.array([0.3], np.float32), "iou"),
+        numpy_helper.from_array(np.array([0.5], np.float32), "min_score"),
+        numpy_helper.from_array(np.array(2, np.int64), "two"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
+    ]
+    proto = make_model(
+        nodes,
+        [helper.make_tensor_value_info("image", F, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", F, ["kept", 4])],
+        initializers,
+    )
+    model = transmuter.load(proto)
+    images = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(6)]
+    detect = transmuter.compile(model, {"image": images[0]})
+    kept = set()
+    for image in images:
+        got = detect({"image": image})["out"]
+        want = ort_run(proto, {"image": image})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        kept.add(got.shape[0])
+    assert len(kept) > 1, f"the images should keep different numbers of boxes, kept {kept}"
+    stop = next(start_stop[1] for start_stop in detect.segments if start_stop[0] == 0)
+    assert model.ir.graph.nodes[stop].op_type == "NonMaxSuppression"
