@@ -11,6 +11,7 @@ import numpy as np
 
 from transmuter import dtypes, ir
 from transmuter.errors import InputError
+from transmuter.runtime.execute import x64_scope
 from transmuter.runtime.interpreter import Plan
 
 # Float initializers with more elements than this are params (jit arguments); smaller ones stay
@@ -46,8 +47,6 @@ class Model:
                 device_constants[name] = array
             else:
                 host_constants[name] = np.asarray(array)
-        from transmuter.runtime.execute import x64_scope
-
         with x64_scope():
             self.params: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in params.items()}
             self.device_constants = {k: jnp.asarray(v) for k, v in device_constants.items()}
