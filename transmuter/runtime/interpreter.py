@@ -161,15 +161,15 @@ class Interpreter:
         try:
             if on_host:
                 with jax.ensure_compile_time_eval():
-                    result = opdef.fn(*args, **node.attrs)
-                result = _outputs(result, on_host=True)
+                    result = _outputs(opdef.fn(*args, **node.attrs), on_host=True)
             else:
-                result = _outputs(result=opdef.fn(*args, **node.attrs), on_host=False)
+                result = _outputs(opdef.fn(*args, **node.attrs), on_host=False)
         except TransmuterError:
             raise
         except Exception as exc:
             raise NodeError(_failure(step, args, exc)) from exc
-        if len(result) < sum(1 for o in node.outputs if o):
+        # Absent outputs may sit between present ones: every position up to the last is needed.
+        if len(result) < max((i + 1 for i, o in enumerate(node.outputs) if o), default=0):
             raise NodeError(
                 f"node {node.label!r} ({opdef.name}) lists {len(node.outputs)} outputs but the "
                 f"lowering produced {len(result)}"
