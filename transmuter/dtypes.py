@@ -46,6 +46,9 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
 
 NUMPY_TO_ONNX: dict[np.dtype, int] = {dtype: code for code, dtype in ONNX_TO_NUMPY.items()}
 
+# The four float8 types whose casts and quantization take ONNX's `saturate` attribute.
+FLOAT8 = frozenset(ONNX_TO_NUMPY[code] for code in (17, 18, 19, 20))
+
 
 def from_onnx(elem_type: int) -> np.dtype:
     """The numpy dtype of an ONNX element type; a clear error for one we do not know."""

@@ -239,6 +239,20 @@ def _check_directions(directions: Sequence[int], what: str) -> None:
             raise ValueError(f"{what} must be 0 (forward) or 1 (reverse), got {d}")
 
 
+def _scan_arguments(values, num_scan_inputs: int, body) -> tuple[list, int, int]:
+    """Scan's variadic input as a list, with the count of scan inputs m and of states n, checked
+    against the body's signature."""
+    values = list(values)
+    m = num_scan_inputs
+    n = len(values) - m
+    if m < 1 or n < 0 or len(body.inputs) != n + m or len(body.outputs) < n:
+        raise ShapeError(
+            f"Scan with num_scan_inputs={m} got {len(values)} inputs for a body taking "
+            f"{len(body.inputs)} and returning {len(body.outputs)}"
+        )
+    return values, m, n
+
+
 @op("Scan", since=(9, 11, 16, 19, 21, 23, 24, 25), context=True)
 def scan(
     ctx,
@@ -251,14 +265,7 @@ def scan(
     scan_output_directions=None,
 ):
     """ONNX Scan-9..25: run body over slices of the scan inputs with carried state; one lax.scan."""
-    values = list(initial_state_and_scan_inputs)
-    m = num_scan_inputs
-    n = len(values) - m
-    if m < 1 or n < 0 or len(body.inputs) != n + m or len(body.outputs) < n:
-        raise ShapeError(
-            f"Scan with num_scan_inputs={m} got {len(values)} inputs for a body taking "
-            f"{len(body.inputs)} and returning {len(body.outputs)}"
-        )
+    values, m, n = _scan_arguments(initial_state_and_scan_inputs, num_scan_inputs, body)
     k = len(body.outputs) - n
     in_axes = _per_value(scan_input_axes, m, "scan_input_axes")
     in_dirs = _per_value(scan_input_directions, m, "scan_input_directions")
@@ -294,14 +301,7 @@ def scan_v8(
     ctx, sequence_lens=None, *initial_state_and_scan_inputs, body, directions=None, num_scan_inputs
 ):
     """ONNX Scan-8: batch axis 0, sequence axis 1, per-batch lengths; outputs padded with 0."""
-    values = list(initial_state_and_scan_inputs)
-    m = num_scan_inputs
-    n = len(values) - m
-    if m < 1 or n < 0 or len(body.inputs) != n + m or len(body.outputs) < n:
-        raise ShapeError(
-            f"Scan with num_scan_inputs={m} got {len(values)} inputs for a body taking "
-            f"{len(body.inputs)} and returning {len(body.outputs)}"
-        )
+    values, m, n = _scan_arguments(initial_state_and_scan_inputs, num_scan_inputs, body)
     dirs = _per_value(directions, m, "directions")
     _check_directions(dirs, "directions")
     xs = [jnp.asarray(x) for x in values[n:]]

@@ -391,15 +391,6 @@ def clip(input, min=None, max=None):
 
 # ------------------------------------------------------------------------------------ Cast
 
-_FLOAT8 = {
-    np.dtype(t)
-    for t in (
-        ml_dtypes.float8_e4m3fn,
-        ml_dtypes.float8_e4m3fnuz,
-        ml_dtypes.float8_e5m2,
-        ml_dtypes.float8_e5m2fnuz,
-    )
-}
 _FNUZ = {np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2fnuz)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 _SUB_BYTE_INTS = {
@@ -433,7 +424,7 @@ def _cast(x, to, *, saturate=1, inf_saturates=True, round_mode="up"):
         return _cast_strings(
             x, to, saturate=saturate, inf_saturates=inf_saturates, round_mode=round_mode
         )
-    if to in _FLOAT8 and saturate:
+    if to in dtypes.FLOAT8 and saturate:
         # Inputs are clipped in at least float32, so the bound itself is exact before rounding.
         wide = x if np.dtype(x.dtype) == np.float64 else jnp.asarray(x).astype(jnp.float32)
         limit = float(ml_dtypes.finfo(to).max)

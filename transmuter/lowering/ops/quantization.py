@@ -33,15 +33,6 @@ _INT_RANGES = {
         ml_dtypes.int2,
     )
 }
-_FLOAT8 = {
-    np.dtype(t)
-    for t in (
-        ml_dtypes.float8_e4m3fn,
-        ml_dtypes.float8_e4m3fnuz,
-        ml_dtypes.float8_e5m2,
-        ml_dtypes.float8_e5m2fnuz,
-    )
-}
 # No infinity or NaN encoding: these always saturate, whatever `saturate` says (QuantizeLinear-28).
 _SATURATING_FLOATS = {
     np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn)
@@ -151,7 +142,11 @@ def _plus_float_zero(value, zero):
 
 def _quantize(x, y_scale, y_zero_point, *, axis, block_size, saturate, target, precision):
     x, y_scale = jnp.asarray(x), jnp.asarray(y_scale)
-    if target not in _INT_RANGES and target not in _FLOAT8 and target not in _SATURATING_FLOATS:
+    if (
+        target not in _INT_RANGES
+        and target not in dtypes.FLOAT8
+        and target not in _SATURATING_FLOATS
+    ):
         raise ValueError(f"QuantizeLinear: {target} is not a quantized type")
     compute = _division_dtype(y_scale.dtype, precision)
     # x and y_scale are first rounded to the division type, as dividing in that type does.
@@ -423,7 +418,7 @@ def _requantize(acc, multiplier, y_zero_point):
         low, high = _INT_RANGES[target]
         value = jnp.round(value) + y_zero_point.astype(jnp.float32)
         return jnp.clip(value, low, high).astype(target)
-    if target not in _FLOAT8:
+    if target not in dtypes.FLOAT8:
         raise ValueError(f"the output zero point has type {target}, not a quantized type")
     return _saturate_cast(_plus_float_zero(value, y_zero_point), target, 1)
 
