@@ -21,6 +21,7 @@ from transmuter.errors import (
     UnsupportedOpError,
 )
 from transmuter.frontend import load_model
+from transmuter.ir.compute_type import COMPUTE_TYPES, with_compute_type
 from transmuter.runtime import CompiledModel, Model, run
 
 __all__ = [
@@ -44,13 +45,20 @@ __all__ = [
 def load(source: Any, *, trainable: bool = False, compute_type: str | None = None) -> Model:
     """Load an ONNX model from a path, bytes or `onnx.ModelProto`.
 
-    trainable=True makes every float initializer a param (see `Model.params`).
+    trainable=True makes every float initializer a param (see `Model.params`). compute_type
+    ("float32", "bfloat16" or "float16") runs the graph's float16, bfloat16 and float32 tensors
+    in that type; inputs and outputs keep the types the file declares.
     """
-    if compute_type is not None:
-        raise TransmuterError(f"compute_type={compute_type!r} is not supported yet; pass None")
+    if compute_type is not None and compute_type not in COMPUTE_TYPES:
+        raise TransmuterError(
+            f"compute_type must be None or one of {', '.join(COMPUTE_TYPES)}; got {compute_type!r}"
+        )
     name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
     with telemetry.span("transmuter.load", {"source": name}) as span:
-        model = Model(load_model(source), trainable=trainable, source=name)
+        graph = load_model(source)
+        if compute_type is not None:
+            graph = with_compute_type(graph, compute_type)
+        model = Model(graph, trainable=trainable, source=name)
         span.stop_metadata.update(
             node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0)
         )
