@@ -1,0 +1,143 @@
+"""The `transmuter` command line, on fixture models and small graphs built here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from transmuter import checking
+from transmuter.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "models"
+BERT = str(FIXTURES / "bert.onnx")
+
+
+def _detector(path: Path) -> str:
+    """scores -> Greater -> NonZero -> Gather: one certain break."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["scores"], ["r"]),
+            helper.make_node("Greater", ["r", "t"], ["keep"]),
+            helper.make_node("NonZero", ["keep"], ["idx"], name="nonzero"),
+            helper.make_node("Gather", ["r", "idx"], ["picked"]),
+        ],
+        "det",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["boxes"])],
+        [helper.make_tensor_value_info("picked", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "t")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_info_lists_interface_ops_and_no_breaks(capsys):
+    assert main(["info", BERT]) == 0
+    out = capsys.readouterr().out
+    assert "input_ids: tensor(int64)[batch, sequence]" in out
+    assert "last_hidden_state: tensor(float32)[batch, sequence, 32]" in out
+    assert "opsets: ai.onnx 17" in out
+    assert "LayerNormalization" in out and "unsupported: none" in out
+    assert "graph breaks: none" in out
+
+
+def test_info_names_break_nodes(tmp_path, capsys):
+    assert main(["info", _detector(tmp_path / "det.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "nonzero (NonZero) breaks: 'keep' is data" in out
+
+
+def test_info_names_unsupported_ops(tmp_path, capsys):
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, path)
+    assert main(["info", str(path)]) == 1
+    assert "unsupported: com.example::NoSuchOp" in capsys.readouterr().out
+
+
+def test_run_with_given_and_made_inputs_saves_outputs(tmp_path, capsys):
+    ids = np.array([[1, 2, 3, 4]], np.int64)
+    np.save(tmp_path / "ids.npy", ids)
+    out_dir = tmp_path / "out"
+    argv = ["run", BERT, "--input", f"input_ids={tmp_path / 'ids.npy'}", "--output-dir"]
+    assert main([*argv, str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "last_hidden_state: float32[1, 4, 32]" in out
+    saved = np.load(out_dir / "last_hidden_state.npy")
+    assert saved.shape == (1, 4, 32)
+    # The stored fixture outputs were made with masks of ones and token types 0 as well.
+    ref = checking.reference_outputs(
+        BERT,
+        {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": 0 * ids},
+    )
+    np.testing.assert_allclose(saved, ref["last_hidden_state"], rtol=1e-4, atol=1e-5)
+
+
+def test_check_passes_on_a_fixture(capsys):
+    assert main(["check", str(FIXTURES / "gpt2.onnx"), "--dim", "sequence=5"]) == 0
+    out = capsys.readouterr().out
+    assert "present.1.value" in out and "all 5 outputs match" in out
+
+
+def test_check_reports_the_first_diverging_node(monkeypatch, capsys):
+    real = checking.reference_outputs
+    target = "/model/encoder/layer.0/attention/self/Softmax_output_0"
+
+    def skewed(source, inputs, *, expose_intermediates=False):
+        values = real(source, inputs, expose_intermediates=expose_intermediates)
+        if expose_intermediates:
+            values[target] = values[target] + 0.1
+        else:
+            values["last_hidden_state"] = values["last_hidden_state"] + 0.1
+        return values
+
+    monkeypatch.setattr(checking, "reference_outputs", skewed)
+    assert main(["check", BERT]) == 1
+    out = capsys.readouterr().out
+    assert "last_hidden_state" in out and "MISMATCH" in out
+    assert f"output '{target}'" in out and "(Softmax)" in out
+
+
+def test_bench_prints_both_and_a_ratio(capsys):
+    assert main(["bench", BERT, "--runs", "2", "--dim", "sequence=4"]) == 0
+    out = capsys.readouterr().out
+    assert "transmuter" in out and "onnxruntime" in out and "ratio" in out
+
+
+def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
+    assert main(["info", str(tmp_path / "missing.onnx")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2].startswith("error: ModelLoadError: no ONNX file at")
+    assert err[-1].startswith("hint: ")
+    with pytest.raises(Exception, match="no ONNX file"):
+        main(["--debug", "info", str(tmp_path / "missing.onnx")])
+
+
+def test_bad_option_values_are_errors(capsys):
+    assert main(["run", BERT, "--dim", "sequence"]) == 1
+    assert "--dim 'sequence': write NAME=SIZE" in capsys.readouterr().err
+
+
+def test_console_entry_point_runs():
+    done = subprocess.run(
+        [sys.executable, "-m", "transmuter.cli", "info", BERT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "graph breaks: none" in done.stdout

@@ -1,0 +1,301 @@
+"""The `transmuter` command: info, run, check, export and bench on a model path or hf:// source.
+
+Errors print one line and a hint; `--debug` shows the traceback. Progress goes to stderr, results
+to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+import transmuter
+from transmuter import checking, ir
+from transmuter.errors import TransmuterError
+
+HINTS = {
+    "UnsupportedOpError": "see `transmuter info MODEL` for every unsupported operator",
+    "InputError": "see `transmuter info MODEL` for the inputs it expects",
+    "ModelLoadError": "check the path or hf:// source",
+    "HostValueNeeded": "pass the deciding input as a static input, or use `transmuter run`",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.command(args)
+    except (TransmuterError, OSError, ValueError) as exc:
+        if args.debug:
+            raise
+        name = type(exc).__name__
+        print(f"error: {name}: {exc}".splitlines()[0], file=sys.stderr)
+        print(f"hint: {HINTS.get(name, 'rerun with --debug for the traceback')}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transmuter", description="Run ONNX models as JAX.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, fn, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("model", help="an .onnx path or hf://org/repo/path/model.onnx")
+        sub.add_argument("--revision", help="Hub branch, tag or commit (hf:// sources)")
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+        sub.set_defaults(command=fn)
+        return sub
+
+    command("info", info, "inputs, outputs, opsets, operators and graph breaks of a model")
+    for name, fn, help in (
+        ("run", run, "run a model compiled on given inputs; print and save the outputs"),
+        ("check", check, "compare Transmuter with ONNX Runtime on a model"),
+        ("bench", bench, "time Transmuter (compiled) and ONNX Runtime side by side"),
+    ):
+        sub = command(name, fn, help)
+        sub.add_argument(
+            "--input", action="append", default=[], metavar="NAME=PATH.npy",
+            help="an input from a .npy file (repeat); the others are made from the specs",
+        )  # fmt: skip
+        sub.add_argument(
+            "--dim", action="append", default=[], metavar="NAME=SIZE",
+            help="size of a named dim for made-up inputs (default: batch 1, past 0, others 8)",
+        )  # fmt: skip
+        if name == "run":
+            sub.add_argument("--output-dir", type=Path, help="save each output as NAME.npy")
+        if name == "check":
+            sub.add_argument("--rtol", type=float, default=1e-4)
+            sub.add_argument("--atol", type=float, default=1e-5)
+        if name == "bench":
+            sub.add_argument("--runs", type=int, default=20, help="timed calls each (median)")
+    export = command("export", export_, "write a StableHLO artifact with symbolic dims")
+    export.add_argument("-o", "--output", type=Path, required=True, help="artifact directory")
+    export.add_argument("--params", choices=("embed", "argument"), default="embed")
+    export.add_argument("--platform", action="append", help="cpu, cuda, rocm, tpu (repeat)")
+    return parser
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load(args) -> transmuter.Model:
+    _progress(f"loading {args.model}")
+    start = time.perf_counter()
+    model = transmuter.load(args.model, **_revision(args))
+    _progress(f"loaded in {time.perf_counter() - start:.2f} s")
+    return model
+
+
+def _revision(args) -> dict:
+    return {"revision": args.revision} if args.revision else {}
+
+
+def _inputs(args, model) -> dict[str, np.ndarray]:
+    given = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--input {item!r}: write NAME=PATH.npy")
+        given[name] = np.load(path)
+    dims = {}
+    for item in args.dim:
+        name, sep, size = item.partition("=")
+        if not sep or not size.isdigit():
+            raise ValueError(f"--dim {item!r}: write NAME=SIZE")
+        dims[name] = int(size)
+    return checking.example_inputs(model, dims, given=given)
+
+
+def _spec(value_type) -> str:
+    return str(value_type) if value_type is not None else "undeclared"
+
+
+def info(args) -> int:
+    from transmuter.frontend import load_model
+    from transmuter.runtime.analysis import graph_breaks, unsupported_ops
+
+    _progress(f"reading {args.model}")
+    source = _local_source(args)
+    model_ir = load_model(source)
+    graph = model_ir.graph
+    print(f"model: {args.model}")
+    if model_ir.producer:
+        print(f"producer: {model_ir.producer}")
+    print(
+        "opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model_ir.opsets.items()))
+    )
+    print("inputs:")
+    for v in graph.inputs:
+        if v.name not in graph.initializers:
+            print(f"  {v.name}: {_spec(v.type)}")
+    print("outputs:")
+    for v in graph.outputs:
+        print(f"  {v.name}: {_spec(v.type)}")
+    weights = sum(a.nbytes for a in graph.initializers.values())
+    print(f"initializers: {len(graph.initializers)} ({weights / 2**20:.1f} MiB)")
+    histogram = collections.Counter(
+        f"{'' if n.domain == '' else n.domain + '::'}{n.op_type}" for n in _nodes(graph)
+    )
+    print(f"operators: {sum(histogram.values())} nodes, {len(histogram)} types")
+    for op, count in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {count:6d}  {op}")
+    missing = unsupported_ops(model_ir)
+    print("unsupported: " + (", ".join(missing) if missing else "none"))
+    if missing:
+        print("graph breaks: unknown until every operator is supported")
+        return 1
+    breaks = graph_breaks(transmuter.Model(model_ir, source=str(args.model)))
+    print("graph breaks: " + ("none (one compiled program per shape)" if not breaks else ""))
+    for found in breaks:
+        print(f"  {found}")
+    return 0
+
+
+def _nodes(graph: ir.Graph):
+    for node in graph.nodes:
+        yield node
+        for sub in ir.subgraphs(node):
+            yield from _nodes(sub)
+
+
+def _local_source(args):
+    """What the front end reads: the path, or for hf:// sources the downloaded file."""
+    model = args.model
+    if isinstance(model, str) and model.startswith("hf://"):
+        from transmuter.frontend.hub import resolve
+
+        return resolve(model, **_revision(args))
+    return model
+
+
+def run(args) -> int:
+    model = _load(args)
+    inputs = _inputs(args, model)
+    _progress("compiling")
+    start = time.perf_counter()
+    compiled = transmuter.compile(model, inputs)
+    _progress(f"compiled and ran in {time.perf_counter() - start:.2f} s")
+    outputs = compiled(inputs)
+    for name, value in outputs.items():
+        print(f"{name}: {_summary(value)}")
+        if args.output_dir is not None:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            np.save(args.output_dir / f"{_file_name(name)}.npy", np.asarray(value))
+    if args.output_dir is not None:
+        print(f"saved {len(outputs)} outputs to {args.output_dir}")
+    return 0
+
+
+def _summary(value) -> str:
+    array = np.asarray(value)
+    text = f"{array.dtype}{list(array.shape)}"
+    if array.size and array.dtype.kind in "fiub":
+        as_float = array.astype(np.float64)
+        text += f" min {as_float.min():.4g} max {as_float.max():.4g} mean {as_float.mean():.4g}"
+    return text
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def check(args) -> int:
+    model = _load(args)
+    inputs = _inputs(args, model)
+    source = _local_source(args)
+    _progress("running ONNX Runtime (optimizations off)")
+    reference = checking.reference_outputs(source, inputs)
+    _progress("running Transmuter (compiled)")
+    ours = transmuter.compile(model, inputs)(inputs)
+    diffs = checking.compare(ours, reference, rtol=args.rtol, atol=args.atol)
+    width = max(len(d.name) for d in diffs)
+    for d in diffs:
+        mark = "ok" if d.ok else "MISMATCH"
+        extra = f"  ({d.detail})" if d.detail and not d.ok else ""
+        print(
+            f"  {d.name:<{width}}  max abs {d.max_abs:.3g}  max rel {d.max_rel:.3g}  {mark}{extra}"
+        )
+    if all(d.ok for d in diffs):
+        print(f"all {len(diffs)} outputs match (rtol {args.rtol:g}, atol {args.atol:g})")
+        return 0
+    _progress("looking for the first diverging node")
+    found = checking.first_divergence(model, source, inputs, rtol=args.rtol, atol=args.atol)
+    if found is None:
+        print("every intermediate agrees: the compiled run differs from the eager one")
+    else:
+        d = found.difference
+        print(
+            f"first divergence: node {found.node!r} ({found.op_type}) output {found.output!r}: "
+            f"max abs {d.max_abs:.3g} {d.detail}".rstrip()
+        )
+        print(f"  its inputs: {', '.join(found.inputs)}")
+    return 1
+
+
+def bench(args) -> int:
+    model = _load(args)
+    inputs = _inputs(args, model)
+    _progress("compiling")
+    compiled = transmuter.compile(model, inputs)
+    ours = _median_ms(lambda: _block(compiled(inputs)), args.runs)
+    print(f"transmuter   {ours:9.3f} ms (median of {args.runs})")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("onnxruntime not installed: no side-by-side figure")
+        return 0
+    from transmuter.frontend.edit import reference_model
+
+    session = ort.InferenceSession(
+        reference_model(_local_source(args)), providers=["CPUExecutionProvider"]
+    )
+    wanted = {i.name for i in session.get_inputs()}
+    feeds = {k: np.asarray(v) for k, v in inputs.items() if k in wanted}
+    theirs = _median_ms(lambda: session.run(None, feeds), args.runs)
+    print(f"onnxruntime  {theirs:9.3f} ms (default optimizations)")
+    print(f"ratio        {ours / theirs:9.2f} (transmuter / onnxruntime; below 1 is faster)")
+    return 0
+
+
+def _block(outputs):
+    for value in outputs.values():
+        if hasattr(value, "block_until_ready"):
+            value.block_until_ready()
+
+
+def _median_ms(fn, runs: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def export_(args) -> int:
+    from transmuter.runtime.export import write_export
+
+    model = _load(args)
+    platforms = tuple(args.platform or ("cpu",))
+    _progress(f"exporting for {', '.join(platforms)} (params {args.params})")
+    exported = transmuter.export(model, params=args.params, platforms=platforms)
+    write_export(exported, args.output, model=model, params=args.params)
+    print(f"wrote {args.output}")
+    for path in sorted(args.output.iterdir()):
+        print(f"  {path.name}  {path.stat().st_size / 1024:.1f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
