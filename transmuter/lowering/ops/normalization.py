@@ -16,11 +16,13 @@ from transmuter.lowering import op
 from transmuter.lowering.ops.conv import accumulator
 
 
-def _compute_dtype(x) -> np.dtype:
+def compute_dtype(x) -> np.dtype:
+    """The type statistics of x are computed in: float32 for half-precision x."""
     return accumulator(x.dtype) or np.dtype(x.dtype)
 
 
-def _stash_dtype(op_type: str, stash_type: int) -> np.dtype:
+def stash_dtype(op_type: str, stash_type: int) -> np.dtype:
+    """The float type a `stash_type` attribute names."""
     dtype = dtypes.from_onnx(stash_type)
     if not dtypes.is_float(dtype):
         raise ValueError(
@@ -39,7 +41,7 @@ def _channel_shaped(op_type: str, name: str, value, x, dtype):
     return value.astype(dtype).reshape((1, -1) + (1,) * (x.ndim - 2))
 
 
-def _standardize(x, axes, epsilon, dtype):
+def standardize(x, axes, epsilon, dtype):
     """(x - mean) / sqrt(var + epsilon) over `axes`, in `dtype`; also the mean and 1/stddev."""
     x = x.astype(dtype)
     mean = jnp.mean(x, axis=axes, keepdims=True)
@@ -59,7 +61,7 @@ def _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial=1):
             "training mode (the running or saved statistics outputs) is not supported; "
             "export the model in inference mode",
         )  # fmt: skip
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     if spatial:
         params = [_channel_shaped("BatchNormalization", n, v, x, dtype)
                   for n, v in (("scale", scale), ("B", b), ("mean", mean), ("var", var))]  # fmt: skip
@@ -132,7 +134,7 @@ def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
         raise ShapeError(f"BatchNormalization: X must be (N, C, ...), got shape {x.shape}")
     # The batch statistics (population variance) are computed in float32 for half inputs, as
     # BatchNormalization-15 asks.
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     axes = (0,) + tuple(range(2, x.ndim))
     wide = x.astype(dtype)
     mean = jnp.mean(wide, axis=axes, keepdims=True)
@@ -143,7 +145,7 @@ def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
     y = centered * (scale * lax.rsqrt(var + jnp.asarray(epsilon, dtype))) + b
     # running_mean and running_var have input_mean's type (U in version 14, T2 in 15).
     stats_dtype = jnp.asarray(input_mean).dtype
-    wide = _compute_dtype(jnp.asarray(input_mean))
+    wide = compute_dtype(jnp.asarray(input_mean))
     keep = jnp.asarray(momentum, wide)
     running = []
     for name, given, current in (("input_mean", input_mean, mean), ("input_var", input_var, var)):
@@ -153,13 +155,15 @@ def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
     return (y.astype(x.dtype), *running)
 
 
-def _normalized_axes(op_type: str, x, axis: int) -> tuple[int, ...]:
+def normalized_axes(op_type: str, x, axis: int) -> tuple[int, ...]:
+    """The axes from `axis` to the last, which a layer normalization normalizes over."""
     if not -x.ndim <= axis < x.ndim:
         raise ShapeError(f"{op_type}: axis {axis} is out of range for X of rank {x.ndim}")
     return tuple(range(axis % x.ndim, x.ndim))
 
 
-def _unidirectional(op_type: str, name: str, value, x):
+def unidirectional(op_type: str, name: str, value, x):
+    """`value` broadcast to x's shape, refusing a value that would widen x."""
     value = jnp.asarray(value)
     try:
         np.broadcast_shapes(value.shape, x.shape)
@@ -176,27 +180,27 @@ def _unidirectional(op_type: str, name: str, value, x):
 def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """ONNX LayerNormalization-17: standardize axes [axis, rank) in stash_type, then scale and shift."""
     x = jnp.asarray(x)
-    axes = _normalized_axes("LayerNormalization", x, axis)
-    stash = _stash_dtype("LayerNormalization", stash_type)
-    normalized, mean, inv_std = _standardize(x, axes, epsilon, stash)
-    dtype = _compute_dtype(x)
-    y = normalized.astype(dtype) * _unidirectional("LayerNormalization", "Scale", scale, x).astype(
+    axes = normalized_axes("LayerNormalization", x, axis)
+    stash = stash_dtype("LayerNormalization", stash_type)
+    normalized, mean, inv_std = standardize(x, axes, epsilon, stash)
+    dtype = compute_dtype(x)
+    y = normalized.astype(dtype) * unidirectional("LayerNormalization", "Scale", scale, x).astype(
         dtype
     )
     if b is not None:
-        y = y + _unidirectional("LayerNormalization", "B", b, x).astype(dtype)
+        y = y + unidirectional("LayerNormalization", "B", b, x).astype(dtype)
     return y.astype(x.dtype), mean, inv_std
 
 
-def _group_norm(x, scale, bias, num_groups, epsilon, stash, per_channel: bool):
+def group_normalize(x, scale, bias, num_groups, epsilon, stash, per_channel: bool):
     x = jnp.asarray(x)
     if x.ndim < 2 or num_groups <= 0 or x.shape[1] % num_groups:
         raise ShapeError(
             f"GroupNormalization: num_groups {num_groups} must divide the channels of X {x.shape}"
         )
     grouped = x.reshape((x.shape[0], num_groups, -1) + x.shape[2:])
-    normalized, _, _ = _standardize(grouped, tuple(range(2, grouped.ndim)), epsilon, stash)
-    dtype = _compute_dtype(x)
+    normalized, _, _ = standardize(grouped, tuple(range(2, grouped.ndim)), epsilon, stash)
+    dtype = compute_dtype(x)
     normalized = normalized.astype(dtype)
     if per_channel:
         normalized = normalized.reshape(x.shape)
@@ -218,14 +222,14 @@ def _group_norm(x, scale, bias, num_groups, epsilon, stash, per_channel: bool):
 def group_normalization_v18(x, scale, bias, *, epsilon=1e-5, num_groups):
     """ONNX GroupNormalization-18: normalize per group of channels; scale and bias per group."""
     x = jnp.asarray(x)
-    return _group_norm(x, scale, bias, num_groups, epsilon, _compute_dtype(x), per_channel=False)
+    return group_normalize(x, scale, bias, num_groups, epsilon, compute_dtype(x), per_channel=False)
 
 
 @op("GroupNormalization", since=21)
 def group_normalization_v21(x, scale, bias, *, epsilon=1e-5, num_groups, stash_type=1):
     """ONNX GroupNormalization-21: normalize per group of channels; scale and bias per channel."""
-    stash = _stash_dtype("GroupNormalization", stash_type)
-    return _group_norm(x, scale, bias, num_groups, epsilon, stash, per_channel=True)
+    stash = stash_dtype("GroupNormalization", stash_type)
+    return group_normalize(x, scale, bias, num_groups, epsilon, stash, per_channel=True)
 
 
 def _instance_norm(x, scale, b, epsilon):
@@ -234,8 +238,8 @@ def _instance_norm(x, scale, b, epsilon):
         raise ShapeError(
             f"InstanceNormalization: input must be (N, C, D1, ...), got shape {x.shape}"
         )
-    dtype = _compute_dtype(x)
-    normalized, _, _ = _standardize(x, tuple(range(2, x.ndim)), epsilon, dtype)
+    dtype = compute_dtype(x)
+    normalized, _, _ = standardize(x, tuple(range(2, x.ndim)), epsilon, dtype)
     y = normalized * _channel_shaped("InstanceNormalization", "scale", scale, x, dtype)
     return (y + _channel_shaped("InstanceNormalization", "B", b, x, dtype)).astype(x.dtype)
 
@@ -257,7 +261,7 @@ def mean_variance_normalization(x, *, axes=(0, 2, 3)):
     """ONNX MeanVarianceNormalization-9..13: (X - E[X]) / (sqrt(Var[X]) + 1e-9) over axes."""
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
-    data = x.astype(_compute_dtype(x))
+    data = x.astype(compute_dtype(x))
     mean = jnp.mean(data, axis=axes, keepdims=True)
     centered = data - mean
     # The function body computes E[X^2] - E[X]^2; the centered form is the same value without
@@ -272,7 +276,7 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
     x = jnp.asarray(x)
     if x.ndim < 2:
         raise ShapeError(f"LRN: X must be (N, C, ...), got shape {x.shape}")
-    data = x.astype(_compute_dtype(x))
+    data = x.astype(compute_dtype(x))
     before = (size - 1) // 2
     square_sum = lax.reduce_window(
         data * data,
@@ -290,9 +294,9 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
 def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     """ONNX RMSNormalization-23: x / sqrt(mean(x^2) + eps) over axes [axis, rank), times scale."""
     x = jnp.asarray(x)
-    scale = _unidirectional("RMSNormalization", "scale", scale, x)
-    axes = _normalized_axes("RMSNormalization", x, axis)
-    data = x.astype(_stash_dtype("RMSNormalization", stash_type))
+    scale = unidirectional("RMSNormalization", "scale", scale, x)
+    axes = normalized_axes("RMSNormalization", x, axis)
+    data = x.astype(stash_dtype("RMSNormalization", stash_type))
     normalized = data * lax.rsqrt(
         jnp.mean(data * data, axis=axes, keepdims=True) + jnp.asarray(epsilon, data.dtype)
     )
