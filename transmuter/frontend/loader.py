@@ -28,7 +28,10 @@ def load_model(source) -> ir.Model:
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     opsets = {_domain(o.domain): o.version for o in proto.opset_import}
-    graph = _Converter(base_dir).graph(proto.graph, outer=set())
+    # External data may be reached through links only where the model itself leads: a cache
+    # that links a model and its data into one store (the Hugging Face cache's blobs/).
+    stores = {base_dir.resolve(), Path(source).resolve().parent} if base_dir else set()
+    graph = _Converter(base_dir, stores).graph(proto.graph, outer=set())
     return ir.Model(
         graph=graph,
         opsets=opsets,
@@ -47,7 +50,8 @@ def _read_proto(source) -> tuple[onnx.ModelProto, Path | None]:
         path = Path(source)
         if not path.is_file():
             raise ModelLoadError(f"no ONNX file at {str(path)!r}")
-        return _parse(path.read_bytes(), str(path)), path.resolve().parent
+        # The folder as named, links kept: external data is named relative to it.
+        return _parse(path.read_bytes(), str(path)), Path(os.path.abspath(path)).parent
     raise TypeError(
         f"cannot load a model from {type(source).__name__}: give a path, bytes or onnx.ModelProto"
     )
@@ -69,8 +73,9 @@ def _domain(name: str) -> str:
 
 
 class _Converter:
-    def __init__(self, base_dir: Path | None):
+    def __init__(self, base_dir: Path | None, stores: set[Path]):
         self.base_dir = base_dir
+        self.stores = stores
 
     def graph(self, g: onnx.GraphProto, outer: set[str]) -> ir.Graph:
         initializers = {t.name: self.tensor(t) for t in g.initializer}
@@ -165,8 +170,10 @@ class _Converter:
                 f"tensor {t.name!r} keeps its data in {info.get('location')!r}: load the model "
                 "from its file path so the data file can be found beside it"
             )
-        path = (self.base_dir / info.get("location", "")).resolve()
-        if not path.is_relative_to(self.base_dir) or path == self.base_dir:
+        named = Path(os.path.normpath(self.base_dir / info.get("location", "")))
+        path = named.resolve()
+        inside = named.is_relative_to(self.base_dir) and named != self.base_dir
+        if not inside or not any(path.is_relative_to(store) for store in self.stores):
             raise ModelLoadError(
                 f"tensor {t.name!r}: external data location {info.get('location')!r} is outside "
                 f"the model's folder {str(self.base_dir)!r}; refusing to read it"
