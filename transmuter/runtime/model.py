@@ -19,6 +19,9 @@ from transmuter.runtime.interpreter import Plan
 PARAM_MIN_SIZE = 64
 # Non-float initializers this large are passed as arguments too rather than embedded in programs.
 DEVICE_CONSTANT_MIN_SIZE = 1 << 16
+# The float types params may have. float8/float6/float4 initializers are quantized weights,
+# read through DequantizeLinear: constants like the integer ones, never trained.
+PARAM_DTYPES = frozenset(np.dtype(t) for t in (np.float16, jnp.bfloat16, np.float32, np.float64))
 
 
 class Model:
@@ -27,11 +30,16 @@ class Model:
     inputs / outputs: the ONNX names in order. input_specs / output_specs: name -> declared type
     (`ir.TensorType` with dtype and dims, symbolic dims named as in the file). params: the
     initializers that are arguments of the traced program (a dict pytree; `jax.grad` w.r.t. it).
+    origin: what the model was loaded from, as the front end recorded it for `transmuter.save`
+    (opaque here; None for a model not loaded by `transmuter.load`).
     """
 
-    def __init__(self, model: ir.Model, *, trainable: bool = False, source: str = ""):
+    def __init__(
+        self, model: ir.Model, *, trainable: bool = False, source: str = "", origin: Any = None
+    ):
         self.ir = model
         self.source = source
+        self.origin = origin
         self.trainable = trainable
         graph = model.graph
         self.inputs: list[str] = [v.name for v in graph.inputs]
@@ -41,7 +49,7 @@ class Model:
         self.plan = Plan.build(graph, model.opsets)
         params, device_constants, host_constants = {}, {}, {}
         for name, array in graph.initializers.items():
-            if dtypes.is_float(array.dtype) and (trainable or array.size > PARAM_MIN_SIZE):
+            if array.dtype in PARAM_DTYPES and (trainable or array.size > PARAM_MIN_SIZE):
                 params[name] = array
             elif array.size >= DEVICE_CONSTANT_MIN_SIZE and array.dtype != object:
                 device_constants[name] = array
