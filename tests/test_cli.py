@@ -112,6 +112,14 @@ def test_check_reports_the_first_diverging_node(monkeypatch, capsys):
     assert f"output '{target}'" in out and "(Softmax)" in out
 
 
+def test_config_sizes_made_up_inputs(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text('{"vision_config": {"image_size": 64}}')
+    assert main(["run", str(FIXTURES / "resnet.onnx"), "--config", str(config)]) == 0
+    # 64 x 64 pixels (224 without the config) through resnet's stride 8.
+    assert "last_hidden_state: float32[1, 32, 8, 8]" in capsys.readouterr().out
+
+
 def test_bench_prints_both_and_a_ratio(capsys):
     assert main(["bench", BERT, "--runs", "2", "--dim", "sequence=4"]) == 0
     out = capsys.readouterr().out

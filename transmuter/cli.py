@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -68,7 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         sub.add_argument(
             "--dim", action="append", default=[], metavar="NAME=SIZE",
-            help="size of a named dim for made-up inputs (default: batch 1, past 0, others 8)",
+            help="size of a named dim for made-up inputs (defaults: batch 1, sequence 8, past 0)",
+        )  # fmt: skip
+        sub.add_argument(
+            "--config", type=Path, metavar="CONFIG.json",
+            help="the model's Hugging Face config.json: vocabulary, image and audio sizes",
         )  # fmt: skip
         if name == "run":
             sub.add_argument("--output-dir", type=Path, help="save each output as NAME.npy")
@@ -113,7 +119,8 @@ def _inputs(args, model) -> dict[str, np.ndarray]:
         if not sep or not size.isdigit():
             raise ValueError(f"--dim {item!r}: write NAME=SIZE")
         dims[name] = int(size)
-    return checking.example_inputs(model, dims, given=given)
+    config = json.loads(args.config.read_text()) if args.config is not None else None
+    return checking.example_inputs(model, dims, given=given, config=config)
 
 
 def _spec(value_type) -> str:
@@ -249,18 +256,11 @@ def bench(args) -> int:
     compiled = transmuter.compile(model, inputs)
     ours = _median_ms(lambda: _block(compiled(inputs)), args.runs)
     print(f"transmuter   {ours:9.3f} ms (median of {args.runs})")
-    try:
-        import onnxruntime as ort
-    except ImportError:
+    if importlib.util.find_spec("onnxruntime") is None:
         print("onnxruntime not installed: no side-by-side figure")
         return 0
-    from transmuter.frontend.edit import reference_model
-
-    session = ort.InferenceSession(
-        reference_model(_local_source(args)), providers=["CPUExecutionProvider"]
-    )
-    wanted = {i.name for i in session.get_inputs()}
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if k in wanted}
+    session = checking.reference_session(_local_source(args), optimized=True)
+    feeds = checking.reference_feeds(session, inputs)
     theirs = _median_ms(lambda: session.run(None, feeds), args.runs)
     print(f"onnxruntime  {theirs:9.3f} ms (default optimizations)")
     print(f"ratio        {ours / theirs:9.2f} (transmuter / onnxruntime; below 1 is faster)")

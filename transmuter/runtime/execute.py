@@ -51,9 +51,9 @@ def evaluate(
     return {name: _as_output(v) for name, v in zip(model.outputs, values)}
 
 
-def intermediates(model, inputs: Mapping[str, Any]) -> dict[str, Any]:
+def intermediates(model, inputs: Mapping[str, Any], *, key: Any = None) -> dict[str, Any]:
     """Every value of the main graph after an eager run, by name: what a search for the first
-    node where Transmuter and a reference diverge compares."""
+    node where Transmuter and a reference diverge compares. `key`: as for `run`."""
     arrays = model.check_inputs(inputs)
     with x64_scope():
         env = _environment(
@@ -62,7 +62,7 @@ def intermediates(model, inputs: Mapping[str, Any]) -> dict[str, Any]:
             model.params,
             model.device_constants,
         )
-        Interpreter(model.plan).run(model.plan, env)
+        Interpreter(model.plan, key).run(model.plan, env)
         return {name: _as_output(v) for name, v in env.items()}
 
 

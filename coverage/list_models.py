@@ -1,0 +1,61 @@
+"""The table of tested models, as markdown: repo, file, task, size, ops, status.
+
+    python coverage/list_models.py cases/ [--out coverage/models.md]
+
+Reads cases/manifest.json and, when run_cases.py has run, cases/results.json. One row per model in
+task order, most downloaded first: Hub repo and file (or the file inside the models folder), task,
+downloads, size on disk (with external data), node count (subgraphs included), distinct op types,
+status and the largest absolute error against ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import cases
+from print_matrix import MARKS, by_task, status_of
+
+
+def size_text(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def table(manifest: dict, results: dict[str, dict]) -> str:
+    lines = [
+        "| Repo | File | Task | Downloads | Size | Nodes | Op types | Status | Max abs error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, listed in by_task(manifest).items():
+        for case in listed:
+            result = results.get(case["name"])
+            status = status_of(result)
+            error = result.get("max_abs") if result else None
+            lines.append(
+                f"| {case.get('repo') or '—'} | {cases.markdown_cell(case['file'])} | {task} "
+                f"| {case.get('downloads') if case.get('downloads') is not None else '—'} "
+                f"| {size_text(case['size_bytes'])} | {case['nodes']} | {len(case['op_types'])} "
+                f"| {MARKS[status]} {status} | {f'{error:.1e}' if error is not None else '—'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", type=Path, help="folder written by record_references.py")
+    parser.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
+    args = parser.parse_args(argv)
+    text = table(cases.read_manifest(args.cases), cases.read_results(args.cases))
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
