@@ -149,3 +149,24 @@ def test_console_entry_point_runs():
     )
     assert done.returncode == 0, done.stderr
     assert "graph breaks: none" in done.stdout
+
+
+@pytest.mark.slow
+def test_export_writes_an_artifact_with_constraints(tmp_path, capsys):
+    out = tmp_path / "bert_export"
+    argv = ["export", BERT, "-o", str(out), "--constraint", "sequence <= 64"]
+    assert main([*argv, "--platform", "cpu", "--platform", "cuda"]) == 0
+    assert {p.name for p in out.iterdir()} >= {"model.jax_exported", "model.mlir", "manifest.json"}
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_export_without_a_needed_constraint_says_so(tmp_path, capsys):
+    assert main(["export", BERT, "-o", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2].startswith("error: ExportError") and "sequence <= 64" in err[-2]
+    assert err[-1].startswith("hint: ") and "--constraint" in err[-1]
+
+
+def test_export_shape_option_is_checked(tmp_path, capsys):
+    assert main(["export", BERT, "-o", str(tmp_path / "x"), "--shape", "input_ids"]) == 1
+    assert "--shape 'input_ids': write NAME=VALUE" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """Transmuter: run ONNX models as JAX programs.
 
 `load` reads a model; `run` evaluates it (eagerly, or inside jax.jit / grad / vmap); `compile`
-makes a callable that keeps one compiled program per input shape.
+makes a callable that keeps one compiled program per input shape; `save` writes a model back to
+ONNX with new weights; `export` makes one StableHLO program with symbolic dims (`write_export`
+puts it on disk).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from transmuter import errors, telemetry
 from transmuter.errors import (
@@ -20,12 +24,15 @@ from transmuter.errors import (
     TransmuterError,
     UnsupportedOpError,
 )
-from transmuter.frontend import load_model
+from transmuter.frontend import hub, load_model
+from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, with_compute_type
 from transmuter.runtime import CompiledModel, Model, run
+from transmuter.runtime.export import ExportError, export, write_export
 
 __all__ = [
     "CompiledModel",
+    "ExportError",
     "HostValueNeeded",
     "InputError",
     "Model",
@@ -36,14 +43,25 @@ __all__ = [
     "UnsupportedOpError",
     "compile",
     "errors",
+    "export",
     "load",
     "run",
+    "save",
     "telemetry",
+    "write_export",
 ]
 
 
-def load(source: Any, *, trainable: bool = False, compute_type: str | None = None) -> Model:
-    """Load an ONNX model from a path, bytes or `onnx.ModelProto`.
+def load(
+    source: Any,
+    *,
+    trainable: bool = False,
+    compute_type: str | None = None,
+    revision: str | None = None,
+) -> Model:
+    """Load an ONNX model from a path, bytes, `onnx.ModelProto`, or the Hugging Face Hub:
+    `"hf://org/repo/path/model.onnx"` or `("hf", "org/repo", "path/model.onnx")`, at `revision`
+    (a branch, tag or commit hash; also `hf://org/repo@revision/...`), with its external data.
 
     trainable=True makes every float initializer a param (see `Model.params`). compute_type
     ("float32", "bfloat16" or "float16") runs the graph's float16, bfloat16 and float32 tensors
@@ -53,12 +71,16 @@ def load(source: Any, *, trainable: bool = False, compute_type: str | None = Non
         raise TransmuterError(
             f"compute_type must be None or one of {', '.join(COMPUTE_TYPES)}; got {compute_type!r}"
         )
+    hub_file = hub.hub_file(source, revision)
     name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
+    name = hub_file.uri if hub_file is not None else name
     with telemetry.span("transmuter.load", {"source": name}) as span:
+        if hub_file is not None:
+            source = hub.fetch(hub_file)
         graph = load_model(source)
         if compute_type is not None:
             graph = with_compute_type(graph, compute_type)
-        model = Model(graph, trainable=trainable, source=name)
+        model = Model(graph, trainable=trainable, source=name, origin=Origin(source))
         span.stop_metadata.update(
             node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0)
         )
@@ -92,3 +114,25 @@ def compile(
         cache_dir=cache_dir,
         eager_threshold=eager_threshold,
     )
+
+
+def save(
+    model: Model,
+    path: str | os.PathLike,
+    *,
+    params: Mapping[str, Any] | None = None,
+    external_data: bool | None = None,
+) -> None:
+    """Write `model` to the ONNX file `path` with `params` (default `model.params`) in place of
+    the initializers of the same names; everything else is kept as in the loaded model's source.
+
+    Each param must keep its initializer's dtype and shape (an InputError says which does not);
+    a subset of the params may be given. external_data=None writes the weights to
+    `<file name>_data` beside the model when they pass ~1.8 GB (protobuf's limit is 2 GB), True
+    always does, False never does.
+    """
+    if model.origin is None:
+        raise TransmuterError("this model was not made by transmuter.load: nothing to save from")
+    given = model.params if params is None else params
+    arrays = {name: np.asarray(value) for name, value in given.items()}
+    save_model(model.origin, path, arrays, external_data=external_data)

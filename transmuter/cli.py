@@ -27,6 +27,7 @@ HINTS = {
     "InputError": "see `transmuter info MODEL` for the inputs it expects",
     "ModelLoadError": "check the path or hf:// source",
     "HostValueNeeded": "pass the deciding input as a static input, or use `transmuter run`",
+    "ExportError": "bound dims with --constraint, fix them with --shape, or fix inputs with --static",
 }
 
 
@@ -87,6 +88,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", type=Path, required=True, help="artifact directory")
     export.add_argument("--params", choices=("embed", "argument"), default="embed")
     export.add_argument("--platform", action="append", help="cpu, cuda, rocm, tpu (repeat)")
+    export.add_argument(
+        "--shape", action="append", default=[], metavar="NAME=DIMS",
+        help="an input's dims instead of the file's, e.g. input_ids=batch,sequence or pixel_values=1,3,h,w",
+    )  # fmt: skip
+    export.add_argument(
+        "--constraint", action="append", default=[], metavar="EXPR",
+        help="a bound on the symbolic dims, e.g. 'sequence <= 512' (repeat)",
+    )  # fmt: skip
+    export.add_argument(
+        "--static", action="append", default=[], metavar="NAME=PATH.npy",
+        help="an input fixed at export time, e.g. a use_cache flag (repeat)",
+    )  # fmt: skip
     return parser
 
 
@@ -284,17 +297,36 @@ def _median_ms(fn, runs: int) -> float:
 
 
 def export_(args) -> int:
-    from transmuter.runtime.export import write_export
-
     model = _load(args)
     platforms = tuple(args.platform or ("cpu",))
+    options = {
+        "params": args.params,
+        "static_inputs": _named(args.static, "--static", np.load) or None,
+        "constraints": tuple(args.constraint),
+    }
+    shapes = _named(args.shape, "--shape", _dims)
     _progress(f"exporting for {', '.join(platforms)} (params {args.params})")
-    exported = transmuter.export(model, params=args.params, platforms=platforms)
-    write_export(exported, args.output, model=model, params=args.params)
+    exported = transmuter.export(model, shapes or None, platforms=platforms, **options)
+    transmuter.write_export(exported, args.output, model=model, **options)
     print(f"wrote {args.output}")
     for path in sorted(args.output.iterdir()):
         print(f"  {path.name}  {path.stat().st_size / 1024:.1f} KiB")
     return 0
+
+
+def _named(items: list[str], flag: str, parse) -> dict:
+    """NAME=VALUE options as a dict, each VALUE parsed."""
+    found = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{flag} {item!r}: write NAME=VALUE")
+        found[name] = parse(value)
+    return found
+
+
+def _dims(text: str) -> tuple:
+    return tuple(int(d) if d.strip().isdigit() else d.strip() for d in text.split(","))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Shape and data-movement operators against ONNX Runtime (or onnx.reference where ORT lacks them)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -676,9 +677,16 @@ def test_dropout_training_mode():
     check_node("Dropout", inputs, opset=13, outputs=2, constants=["r", "t"])
     inputs["t"] = np.array(True)
     check_node("Dropout", inputs, opset=13, outputs=2, constants=["r", "t"])
+    # Ratio 0.5 draws a mask from the run's key (ORT and onnx.reference draw their own).
     inputs["r"] = np.float32(0.5)
-    with pytest.raises(TransmuterError, match="training-mode dropout is not supported"):
-        run_transmuter("Dropout", inputs, opset=13, outputs=2, constants=["r", "t"])
+    model = transmuter.load(
+        make_node_model("Dropout", inputs, opset=13, outputs=2, constants=["r", "t"])
+    )
+    out, mask = transmuter.run(model, {"X": X}, key=jax.random.key(0)).values()
+    assert mask.dtype == np.bool_ and 0 < mask.mean() < 1
+    assert_close(out, np.where(mask, X * 2, 0), rtol=0, atol=0, what="kept elements doubled")
+    with pytest.raises(TransmuterError, match="pass one"):
+        transmuter.run(model, {"X": X})
 
 
 def test_dropout_old_test_mode():

@@ -24,6 +24,11 @@ class OpDef:
     on the host.
     context: the function takes an `OpContext` as its first argument.
     random: draws from the runtime's random key, so it is never folded on the host.
+    differentiable: False when JAX's derivative of the lowering is not the operator's (BitCast
+    reads a float's bits as another float; JAX calls that derivative zero): a gradient reaching
+    one of its outputs from a differentiated input raises instead of being silently wrong.
+    Operators that are merely piecewise constant (Floor, ArgMax, a Cast to int) keep JAX's zero
+    gradient and stay differentiable.
     """
 
     domain: str
@@ -34,6 +39,7 @@ class OpDef:
     data_dependent: bool
     context: bool
     random: bool
+    differentiable: bool
 
     @property
     def name(self) -> str:
@@ -52,6 +58,7 @@ def op(
     data_dependent: bool = False,
     context: bool = False,
     random: bool = False,
+    differentiable: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of `op_type` for each since-version in `since`.
 
@@ -68,7 +75,15 @@ def op(
             if version in versions_of:
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type}-{version} is registered twice")
             versions_of[version] = OpDef(
-                domain, op_type, version, fn, indices, data_dependent, context, random
+                domain,
+                op_type,
+                version,
+                fn,
+                indices,
+                data_dependent,
+                context,
+                random,
+                differentiable,
             )
         return fn
 

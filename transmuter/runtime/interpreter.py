@@ -10,16 +10,24 @@ HostValueNeeded (the point where the compiling runtime breaks the graph).
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
+from jax.export import is_symbolic_dim
 
 from transmuter import ir
 from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import OpContext, OpDef, lookup
+from transmuter.lowering.ops.shape import (
+    SYMBOLIC_ARITHMETIC,
+    SYMBOLIC_MOVES,
+    dims_to_device,
+    is_symbolic,
+    settle_dims,
+)
 
 
 @dataclass
@@ -98,6 +106,8 @@ def to_host(value: Any) -> Any:
         return np.asarray(value)
     if isinstance(value, (bool, int, float, complex, np.generic)):
         return np.asarray(value)
+    if is_symbolic_dim(value):  # one dim of a symbolic shape (see dims_array)
+        return np.asarray(value, dtype=object)
     return value
 
 
@@ -157,13 +167,17 @@ class Interpreter:
                 node, step.opset, lambda g, xs: self.run_graph(g, xs, env), self.next_key
             )
             args.insert(0, ctx)
-        on_host = not opdef.random and all(is_host(a) for a in args if not isinstance(a, OpContext))
+        values = [a for a in args if not isinstance(a, OpContext)]
+        on_host = not opdef.random and all(is_host(a) for a in values)
         try:
-            if on_host:
+            if any(map(is_symbolic, values)):
+                result = _with_symbolic_dims(step, args, on_host)
+            elif on_host:
                 with jax.ensure_compile_time_eval():
                     result = _outputs(opdef.fn(*args, **node.attrs), on_host=True)
             else:
-                result = _outputs(opdef.fn(*args, **node.attrs), on_host=False)
+                fn = opdef.fn if opdef.differentiable else _gradient_refused(step)
+                result = _outputs(fn(*args, **node.attrs), on_host=False)
         except TransmuterError:
             raise
         except Exception as exc:
@@ -177,6 +191,77 @@ class Interpreter:
         for name, value in zip(node.outputs, result):
             if name:
                 env[name] = value
+
+
+def _with_symbolic_dims(step: Step, args: list, on_host: bool) -> tuple:
+    """Run a node that reads host values holding `jax.export` symbolic dims (exporting with
+    symbolic shapes). Shape arithmetic stays on the host, symbolically, where the operator
+    supports it (SYMBOLIC_ARITHMETIC and SYMBOLIC_MOVES in lowering/ops/shape.py); elsewhere the
+    dims become int64 values in the trace, and an operator that needs them on the host breaks."""
+    node, opdef = step.node, step.opdef
+    standard = not opdef.domain
+    if on_host and standard and opdef.op_type in SYMBOLIC_ARITHMETIC:
+        values = [a for a in args if not isinstance(a, OpContext)]
+        return tuple(
+            map(
+                settle_dims,
+                _outputs(SYMBOLIC_ARITHMETIC[opdef.op_type](*values, **node.attrs), True),
+            )
+        )
+    moves = standard and opdef.op_type in SYMBOLIC_MOVES
+    args = list(args)
+    for index, name in enumerate(node.inputs):
+        value = args[index + opdef.context]
+        if not is_symbolic(value):
+            continue
+        if index in opdef.host_inputs:
+            if not moves:
+                raise NodeError(
+                    f"{node.op_type} node {node.label!r} takes {opdef.host_inputs[index]} "
+                    f"({name!r}) only as concrete numbers, but it depends on symbolic dims "
+                    f"({value.tolist()}): give those dims as ints"
+                )
+        elif not (on_host and moves):
+            args[index + opdef.context] = dims_to_device(value)
+    fn = opdef.fn if on_host or opdef.differentiable else _gradient_refused(step)
+    # Symbolic dims exist only inside a trace, where to_host leaves traced results alone.
+    return tuple(map(settle_dims, _outputs(fn(*args, **node.attrs), on_host=True)))
+
+
+def _gradient_refused(step: Step) -> Callable:
+    """The step's lowering as a `jax.custom_vjp` of its device inputs whose backward pass raises
+    (an op registered with differentiable=False). JAX runs that backward pass only when a
+    nonzero cotangent reaches the outputs from a differentiated input, so forward runs, outputs
+    left out of a loss and integer outputs (zero cotangents) are unaffected."""
+    node, opdef = step.node, step.opdef
+    message = (
+        f"node {node.label!r} ({opdef.name}) has no gradient: JAX's derivative of its lowering "
+        "is not the operator's, so the gradient reaching it is refused rather than returned "
+        "wrong. Differentiate with respect to values it does not read, or leave its outputs "
+        "out of the differentiated result."
+    )
+
+    def call(*args, **attrs):
+        leaves, tree = jax.tree.flatten(list(args))
+        device = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+        def with_values(values):
+            full = list(leaves)
+            for i, value in zip(device, values):
+                full[i] = value
+            return jax.tree.unflatten(tree, full)
+
+        @jax.custom_vjp
+        def apply(*values):
+            return opdef.fn(*with_values(values), **attrs)
+
+        def backward(_, cotangents):
+            raise NodeError(message)
+
+        apply.defvjp(lambda *values: (apply(*values), None), backward)
+        return apply(*(leaves[i] for i in device))
+
+    return call
 
 
 def _outputs(result: Any, on_host: bool) -> tuple:

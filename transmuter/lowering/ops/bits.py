@@ -30,7 +30,9 @@ def _bits(dtype: np.dtype) -> int:
         return ml_dtypes.iinfo(dtype).bits
 
 
-@op("BitCast", since=26)
+# JAX gives reading bits as another type a zero derivative; between float types the real one
+# is not zero, so a gradient through BitCast raises (see OpDef.differentiable).
+@op("BitCast", since=26, differentiable=False)
 def bitcast(x, *, to):
     """ONNX BitCast-26: the same bits read as another type of equal width."""
     target = dtypes.from_onnx(to)

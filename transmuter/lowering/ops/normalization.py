@@ -166,12 +166,12 @@ def unidirectional(op_type: str, name: str, value, x):
     """`value` broadcast to x's shape, refusing a value that would widen x."""
     value = jnp.asarray(value)
     try:
-        np.broadcast_shapes(value.shape, x.shape)
+        jnp.broadcast_shapes(value.shape, x.shape)
     except ValueError:
         raise ShapeError(
             f"{op_type}: {name} of shape {value.shape} does not broadcast to X {x.shape}"
         ) from None
-    if np.broadcast_shapes(value.shape, x.shape) != tuple(x.shape):
+    if jnp.broadcast_shapes(value.shape, x.shape) != tuple(x.shape):
         raise ShapeError(f"{op_type}: {name} of shape {value.shape} would broadcast X {x.shape}")
     return value
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -48,7 +49,8 @@ class _Windows:
             out = (-(-room // s) if ceil_mode else room // s) + 1
             if ceil_mode and (out - 1) * s >= n + lo:
                 out -= 1
-            self.extra.append(max((out - 1) * s + w - (n + lo + hi), 0))
+            # max_dim: the window count may be a jax.export symbolic dim (exporting).
+            self.extra.append(jax.core.max_dim((out - 1) * s + w - (n + lo + hi), 0))
 
     def reduce(self, x, init, computation, padding=None):
         if padding is None:

@@ -30,7 +30,7 @@ _BERNOULLI_OUT = _FLOATS | frozenset(dtypes.from_onnx(c) for c in (2, 3, 4, 5, 6
 _INDICES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
 
 
-def _key(ctx, seed):
+def node_key(ctx, seed):
     """The node's PRNG key: from its seed alone when it has one, else the run's next key."""
     if seed is not None:
         if not math.isfinite(seed):
@@ -97,14 +97,14 @@ def _shape(shape) -> tuple[int, ...]:
 def random_normal(ctx, *, shape, dtype=1, mean=0.0, scale=1.0, seed=None):
     """ONNX RandomNormal-1..22: a tensor of `shape` drawn from N(mean, scale^2)."""
     out = _output_dtype(ctx, dtype, _FLOATS)
-    return _normal(_key(ctx, seed), _shape(shape), out, mean, scale)
+    return _normal(node_key(ctx, seed), _shape(shape), out, mean, scale)
 
 
 @op("RandomUniform", since=(1, 22), random=True, context=True)
 def random_uniform(ctx, *, shape, dtype=1, high=1.0, low=0.0, seed=None):
     """ONNX RandomUniform-1..22: a tensor of `shape` drawn from U[low, high)."""
     out = _output_dtype(ctx, dtype, _FLOATS)
-    return _uniform(_key(ctx, seed), _shape(shape), out, low, high)
+    return _uniform(node_key(ctx, seed), _shape(shape), out, low, high)
 
 
 @op("RandomNormalLike", since=(1, 22), random=True, context=True)
@@ -112,7 +112,7 @@ def random_normal_like(ctx, input, *, dtype=None, mean=0.0, scale=1.0, seed=None
     """ONNX RandomNormalLike-1..22: N(mean, scale^2) with the input's shape (and type unless
     `dtype` is given)."""
     out = _output_dtype(ctx, dtype, _FLOATS, fallback=input.dtype)
-    return _normal(_key(ctx, seed), tuple(input.shape), out, mean, scale)
+    return _normal(node_key(ctx, seed), tuple(input.shape), out, mean, scale)
 
 
 @op("RandomUniformLike", since=(1, 22), random=True, context=True)
@@ -120,7 +120,7 @@ def random_uniform_like(ctx, input, *, dtype=None, high=1.0, low=0.0, seed=None)
     """ONNX RandomUniformLike-1..22: U[low, high) with the input's shape (and type unless
     `dtype` is given)."""
     out = _output_dtype(ctx, dtype, _FLOATS, fallback=input.dtype)
-    return _uniform(_key(ctx, seed), tuple(input.shape), out, low, high)
+    return _uniform(node_key(ctx, seed), tuple(input.shape), out, low, high)
 
 
 @op("Bernoulli", since=(15, 22), random=True, context=True)
@@ -130,7 +130,7 @@ def bernoulli(ctx, input, *, dtype=None, seed=None):
     out = _output_dtype(ctx, dtype, _BERNOULLI_OUT, fallback=input.dtype)
     p = jnp.asarray(input)
     compute = _sampling_dtype(p.dtype)
-    u = jax.random.uniform(_key(ctx, seed), p.shape, compute)
+    u = jax.random.uniform(node_key(ctx, seed), p.shape, compute)
     return (u < p.astype(compute)).astype(out)
 
 
@@ -154,6 +154,6 @@ def multinomial(ctx, input, *, dtype=6, sample_size=1, seed=None):
     compute = _sampling_dtype(logits.dtype)
     # Gumbel-max, as jax.random.categorical does, but with lax.argmax's int32 index: the int64
     # argmax inside categorical fails to lower under a caller's jax.jit with x64 off.
-    noise = jax.random.gumbel(_key(ctx, seed), (batch, sample_size, classes), compute)
+    noise = jax.random.gumbel(node_key(ctx, seed), (batch, sample_size, classes), compute)
     samples = lax.argmax(noise + logits.astype(compute)[:, None, :], 2, np.int32)
     return samples.astype(out)

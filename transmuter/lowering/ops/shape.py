@@ -8,15 +8,18 @@ are numpy object arrays; the ops that only move data handle them with numpy (`ar
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.export import is_symbolic_dim
 
 from transmuter import dtypes
 from transmuter.errors import ShapeError, UnsupportedOpError
 from transmuter.lowering import op
+from transmuter.lowering.ops.random import node_key
 
 _LATEST = (21, 23, 24, 25)  # since-versions that only added element types
 
@@ -27,9 +30,71 @@ def array_module(*values):
     return np if strings else jnp
 
 
-def host_ints(value) -> list[int]:
-    """A host tensor (or a tuple attribute) as a list of Python ints."""
-    return [int(v) for v in np.asarray(value).reshape(-1)]
+def dims_array(dims) -> np.ndarray:
+    """Dims as a host int64 vector, or an object vector holding `jax.export` symbolic dims when
+    exporting with symbolic shapes: shape arithmetic then stays on the host, symbolically."""
+    dims = tuple(dims)
+    if any(is_symbolic_dim(d) for d in dims):
+        return np.array(dims, dtype=object)
+    return np.array(dims, dtype=np.int64)
+
+
+def is_symbolic(value) -> bool:
+    """True for a host value holding a `jax.export` symbolic dim (see `dims_array`)."""
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype == object
+        and any(is_symbolic_dim(v) for v in value.reshape(-1))
+    )
+
+
+def dims_to_device(value: np.ndarray):
+    """A host value holding symbolic dims as an int64 array of their values, in the trace."""
+    return jnp.asarray(value.tolist(), dtype=jnp.int64)
+
+
+def settle_dims(value):
+    """An object array whose dims all turned out concrete back to int64 (strings stay)."""
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype == object
+        and all(isinstance(v, (int, np.integer)) for v in value.reshape(-1))
+    ):
+        return value.astype(np.int64)
+    return value
+
+
+def host_ints(value) -> list:
+    """A host tensor (or a tuple attribute) as a list of Python ints; symbolic dims stay as
+    they are."""
+    return [v if is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1)]
+
+
+# jax.export lowers symbolic dims as int32 values, so a concrete bound this large (INT64_MAX
+# meaning "to the end") is past any symbolic dim; jax cannot prove that and would keep min(b, 2^63-1).
+_PAST_ANY_DIM = 2**31 - 1
+
+
+def dim_min(a, b):
+    """min of two dims, either of which may be a `jax.export` symbolic dim."""
+    if not (is_symbolic_dim(a) or is_symbolic_dim(b)):
+        return min(a, b)
+    if not is_symbolic_dim(a) and a >= _PAST_ANY_DIM:
+        return b
+    if not is_symbolic_dim(b) and b >= _PAST_ANY_DIM:
+        return a
+    return jax.core.min_dim(a, b)
+
+
+def dim_max(a, b):
+    """max of two dims, either of which may be a `jax.export` symbolic dim."""
+    if not (is_symbolic_dim(a) or is_symbolic_dim(b)):
+        return max(a, b)
+    if not is_symbolic_dim(a) and a <= -_PAST_ANY_DIM:
+        return b
+    if not is_symbolic_dim(b) and b <= -_PAST_ANY_DIM:
+        return a
+    return jax.core.max_dim(a, b)
 
 
 def host_scalar(value, what: str):
@@ -59,7 +124,7 @@ def _axis_slice(rank: int, axis: int, part: slice) -> tuple:
 @op("Shape", since=(1, 13))
 def shape_v1(data):
     """ONNX Shape-1..13: the input's shape as a host int64 vector."""
-    return np.array(data.shape, dtype=np.int64)
+    return dims_array(data.shape)
 
 
 @op("Shape", since=(15, 19, *_LATEST))
@@ -68,13 +133,13 @@ def shape_v15(data, *, end=None, start=0):
     rank = len(data.shape)
     begin = min(max(start + rank if start < 0 else start, 0), rank)
     stop = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
-    return np.array(data.shape[begin:stop], dtype=np.int64)
+    return dims_array(data.shape[begin:stop])
 
 
 @op("Size", since=(1, 13, 19, *_LATEST))
 def size(data):
     """ONNX Size-1..25: the number of elements as a host int64 scalar."""
-    return np.array(math.prod(data.shape), dtype=np.int64)
+    return dims_array([math.prod(data.shape)]).reshape(())
 
 
 # ------------------------------------------------------------------------------- reshaping
@@ -385,11 +450,19 @@ def _slice(data, starts, ends, axes, steps):
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
         if step > 0:
-            index[axis] = slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+            index[axis] = slice(
+                dim_min(dim_max(start, 0), dim), dim_min(dim_max(end, 0), dim), step
+            )
         else:  # backwards: start in [0, dim-1], end in [-1, dim-1] where -1 means "past the front"
-            end = min(max(end, -1), dim - 1)
-            index[axis] = slice(min(max(start, 0), dim - 1), None if end < 0 else end, step)
+            end = dim_min(dim_max(end, -1), dim - 1)
+            index[axis] = slice(dim_min(dim_max(start, 0), dim - 1), None if end < 0 else end, step)
+    if isinstance(data, np.ndarray) and data.dtype != object and _has_symbolic(index):
+        data = jnp.asarray(data)  # a host constant sliced to a symbolic length: numpy cannot
     return data[tuple(index)]
+
+
+def _has_symbolic(index: list) -> bool:
+    return any(is_symbolic_dim(bound) for part in index for bound in (part.start, part.stop))
 
 
 @op("Slice", since=1)
@@ -435,7 +508,9 @@ def _tile(input, repeats):
         raise ShapeError(
             f"Tile repeats {repeats} must be {input.ndim} non-negative values (one per input dim)"
         )
-    return array_module(input).tile(input, repeats)
+    # Symbolic repeat counts (exporting with symbolic shapes) give a traced value.
+    xp = jnp if any(map(is_symbolic_dim, repeats)) else array_module(input)
+    return xp.tile(input, repeats)
 
 
 @op("Tile", since=1, host_inputs={"tiles": "the repeat count", "axis": "the axis to repeat"})
@@ -543,7 +618,8 @@ def constant_of_shape(input, *, value=None):
         raise ShapeError(
             f"ConstantOfShape value must be a one-element tensor; got shape {list(fill.shape)}"
         )
-    return np.full(shape, fill.reshape(()), dtype=fill.dtype)
+    xp = jnp if any(map(is_symbolic_dim, shape)) else np  # a symbolic shape: a traced value
+    return xp.full(shape, fill.reshape(()), dtype=fill.dtype)
 
 
 def _constant(**given):
@@ -613,6 +689,12 @@ def _range(start, limit, delta, compute_dtype=None):
     )
     if step == 0:
         raise ValueError("Range delta must not be 0")
+    if any(map(is_symbolic_dim, (first, stop, step))):
+        # A symbolic length (exporting with symbolic shapes): the range is a traced value.
+        count = dim_max(-((first - stop) // step), 0)
+        out = dtype if np.issubdtype(dtype, np.integer) else np.dtype(np.int64)
+        bounds = (jnp.asarray(v, dtype=out) for v in (first, step))
+        return next(bounds) + jnp.arange(count, dtype=out) * next(bounds)
     if np.issubdtype(dtype, np.integer):
         first, stop, step = int(first), int(stop), int(step)
         count = max(-((first - stop) // step), 0)  # ceil((stop - first) / step), exactly
@@ -671,6 +753,52 @@ def trilu(input, k=None, *, upper=1):
     return (jnp.triu if upper else jnp.tril)(input, offset)
 
 
+# ----------------------------------------------------------------------- symbolic shape values
+
+# Exporting with symbolic shapes (jax.export), shape values hold symbolic dims (object arrays,
+# see `dims_array`). These operators keep such values on the host, so Shape -> Gather -> Concat
+# -> Reshape stays symbolic: the data-movement operators handle object arrays with numpy (as they
+# do strings), and SYMBOLIC_ARITHMETIC computes on the dims with Python's operators. Any other
+# operator receives them as int64 device values.
+SYMBOLIC_MOVES = frozenset(
+    {
+        "Concat", "ConstantOfShape", "Equal", "Expand", "Flatten", "Gather", "Identity", "Range",
+        "Reshape", "Shape", "Size", "Slice", "Squeeze", "Tile", "Transpose", "Unsqueeze",
+        "Where",
+    }
+)  # fmt: skip
+
+
+def _symbolic_cast(input, *, to, **_):
+    # Dims are exact integers: an integer cast keeps them symbolic; any other type needs values.
+    if np.issubdtype(dtypes.from_onnx(to), np.integer):
+        return input
+    return dims_to_device(input).astype(dtypes.from_onnx(to))
+
+
+def _dim_divide(a, b):
+    # ONNX integer division truncates; dims are non-negative, where that is floor division.
+    if is_symbolic_dim(a) or is_symbolic_dim(b):
+        return a // b
+    return abs(int(a)) // abs(int(b)) * (1 if (a < 0) == (b < 0) else -1)
+
+
+def _symbolic_variadic(combine):
+    return lambda *xs: functools.reduce(np.frompyfunc(combine, 2, 1), xs)
+
+
+SYMBOLIC_ARITHMETIC = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.frompyfunc(_dim_divide, 2, 1),
+    "Neg": np.negative,
+    "Max": _symbolic_variadic(dim_max),
+    "Min": _symbolic_variadic(dim_min),
+    "Cast": _symbolic_cast,
+}
+
+
 # ------------------------------------------------------------------------------------ dropout
 
 
@@ -727,9 +855,21 @@ def dropout_v10(ctx, data, *, ratio=0.5):
     since=(12, 13, 22),
     host_inputs={"training_mode": "whether dropout is active"},
     context=True,
+    random=True,
 )
 def dropout_v12(ctx, data, ratio=None, training_mode=None, *, seed=None):
-    """ONNX Dropout-12..22: identity unless training_mode is true (supported only for ratio 0)."""
-    if training_mode is not None and bool(host_scalar(training_mode, "Dropout training_mode")):
-        _no_training(ctx, 0.5 if ratio is None else ratio)
-    return _dropout_inference(ctx, data, jnp.bool_)
+    """ONNX Dropout-12..22: identity unless training_mode is true; then each element is zeroed
+    with probability `ratio` and the others are scaled by 1 / (1 - ratio)."""
+    if training_mode is None or not bool(host_scalar(training_mode, "Dropout training_mode")):
+        return _dropout_inference(ctx, data, jnp.bool_)
+    if ratio is None:
+        ratio = np.float32(0.5)
+    if not isinstance(ratio, jax.core.Tracer) and float(host_scalar(ratio, "Dropout ratio")) == 0:
+        return _dropout_inference(ctx, data, jnp.bool_)  # drops nothing, so needs no key
+    # Half types draw and scale in float32 and round once.
+    compute = np.dtype(np.float64 if data.dtype == np.float64 else np.float32)
+    ratio = jnp.asarray(ratio).reshape(()).astype(compute)
+    keep = jax.random.uniform(node_key(ctx, seed), data.shape, compute) >= ratio
+    # A ratio of 1 keeps nothing: where() gives zeros rather than 0 * inf.
+    output = jnp.where(keep, data.astype(compute) * (1 / (1 - ratio)), 0).astype(data.dtype)
+    return (output, keep) if ctx.wants(1) else output

@@ -1,0 +1,368 @@
+"""transmuter.export / write_export: one StableHLO program with symbolic dims, compared with
+transmuter.run (small graphs built here) and with ONNX Runtime (the fixture models, reloaded in
+a process that imports only jax and numpy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from opcheck import ort_run
+
+import transmuter
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def shape_arithmetic_model(rng) -> onnx.ModelProto:
+    """x [batch, sequence, 8] and mask [batch, sequence]: the shape chains real exports contain
+    (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, Range, ConstantOfShape, Expand, Slice to
+    INT64_MAX, Div, a dim cast to float), a weight (a param), and a shape as an output."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    weight = rng.standard_normal((8, 80)).astype(np.float32)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["b"], axis=0),
+        helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+        helper.make_node("Mul", ["b", "s"], ["bs"]),
+        helper.make_node("Unsqueeze", ["bs", "axes0"], ["bs1"]),
+        helper.make_node("Concat", ["bs1", "eight"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "flat_shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W"], ["projected"]),
+        helper.make_node("Div", ["s", "two"], ["half"]),
+        helper.make_node("Unsqueeze", ["half", "axes0"], ["half1"]),
+        helper.make_node("Slice", ["x", "half1", "big", "axes1"], ["tail"]),
+        helper.make_node("Range", ["zero_s", "s", "one_s"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["positions_f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["s"], ["s_f"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["positions_f", "s_f"], ["ramp"]),
+        helper.make_node("Shape", ["mask"], ["mask_shape"]),
+        helper.make_node(
+            "ConstantOfShape",
+            ["mask_shape"],
+            ["ones"],
+            value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0]),
+        ),
+        helper.make_node("Add", ["ones", "ramp"], ["ramped"]),
+        helper.make_node("Unsqueeze", ["ramped", "axes2"], ["ramped3"]),
+        helper.make_node("Expand", ["ramped3", "shape"], ["expanded"]),
+        helper.make_node("Mul", ["expanded", "x"], ["scaled"]),
+    ]
+    f32 = TensorProto.FLOAT
+    return make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", f32, ["batch", "sequence", 8]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
+        [
+            helper.make_tensor_value_info("projected", f32, None),
+            helper.make_tensor_value_info("tail", f32, None),
+            helper.make_tensor_value_info("scaled", f32, None),
+            helper.make_tensor_value_info("flat_shape", TensorProto.INT64, None),
+        ],
+        [
+            numpy_helper.from_array(weight, "W"),
+            i64("zero", 0),
+            i64("one", 1),
+            i64("two", 2),
+            i64("zero_s", 0),
+            i64("one_s", 1),
+            i64("axes0", [0]),
+            i64("axes1", [1]),
+            i64("axes2", [2]),
+            i64("eight", [8]),
+            i64("big", [np.iinfo(np.int64).max]),
+        ],
+    )
+
+
+def call(exported, *args):
+    with jax.enable_x64(True):  # the programs take and return int64
+        return [np.asarray(v) for v in exported.call(*args)]
+
+
+def check(got, want, names):
+    for name, g, w in zip(names, got, want, strict=True):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, (
+            f"{name}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
+        )
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_shape_arithmetic_stays_symbolic(rng):
+    model = transmuter.load(shape_arithmetic_model(rng))
+    exported = transmuter.export(model)
+    assert [str(a.shape) for a in exported.in_avals] == [
+        "(batch, sequence, 8)",
+        "(batch, sequence)",
+    ]
+    assert str(exported.out_avals[0].shape) == "(batch*sequence, 80)"
+    # Serialized and read back: the same program serves every size.
+    exported = jax.export.deserialize(exported.serialize())
+    for batch, sequence in ((1, 5), (3, 12)):
+        x = rng.standard_normal((batch, sequence, 8)).astype(np.float32)
+        mask = np.ones((batch, sequence), np.int64)
+        want = transmuter.run(model, {"x": x, "mask": mask})
+        check(call(exported, x, mask), [want[n] for n in model.outputs], model.outputs)
+
+
+def test_input_specs_override_and_share_names(rng):
+    model = transmuter.load(shape_arithmetic_model(rng))
+    # A ShapeDtypeStruct's symbolic dims bring their scope: "sequence" in x is the same dim.
+    mask = jax.ShapeDtypeStruct(jax.export.symbolic_shape("2, sequence"), np.int64)
+    exported = transmuter.export(model, {"x": (2, "sequence", 8), "mask": mask})
+    assert [str(a.shape) for a in exported.in_avals] == ["(2, sequence, 8)", "(2, sequence)"]
+    x = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    want = transmuter.run(model, {"x": x, "mask": np.ones((2, 7), np.int64)})
+    check(
+        call(exported, x, np.ones((2, 7), np.int64)),
+        [want[n] for n in model.outputs],
+        model.outputs,
+    )
+    with pytest.raises(transmuter.InputError, match="'x'.*declares"):
+        transmuter.export(model, {"x": ("batch", "sequence", 9)})
+    with pytest.raises(transmuter.InputError, match="not inputs"):
+        transmuter.export(model, {"y": (2, 3)})
+
+
+def test_file_dim_names_become_variables():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch-size", "max", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = transmuter.load(make_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
+    exported = transmuter.export(model)
+    assert str(exported.in_avals[0].shape) == "(batch_size, d_max, 3)"
+    assert str(exported.out_avals[0].shape) == "(batch_size, d_max, 3)"
+
+
+def test_params_as_argument(rng):
+    model = transmuter.load(shape_arithmetic_model(rng))
+    exported = jax.export.deserialize(transmuter.export(model, params="argument").serialize())
+    scaled = {k: v * 0.5 for k, v in model.params.items()}
+    x = rng.standard_normal((2, 6, 8)).astype(np.float32)
+    mask = np.ones((2, 6), np.int64)
+    want = transmuter.run(model, {"x": x, "mask": mask}, params=scaled)
+    check(call(exported, scaled, x, mask), [want[n] for n in model.outputs], model.outputs)
+
+
+def test_lowers_for_cpu_and_cuda_without_a_gpu(rng, tmp_path):
+    model = transmuter.load(shape_arithmetic_model(rng))
+    exported = transmuter.export(model, platforms=("cpu", "cuda"))
+    transmuter.write_export(exported, tmp_path, model=model)
+    assert exported.platforms == ("cpu", "cuda")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["platforms"] == ["cpu", "cuda"] and manifest["params_mode"] == "embed"
+    assert [i["name"] for i in manifest["inputs"]] == ["x", "mask"]
+    assert manifest["outputs"][0]["shape"] == ["batch*sequence", 80]
+    assert "stablehlo" in (tmp_path / "model.mlir").read_text()
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    mask = np.ones((2, 3), np.int64)
+    want = transmuter.run(model, {"x": x, "mask": mask})
+    check(call(exported, x, mask), [want[n] for n in model.outputs], model.outputs)
+
+
+def breaking_model() -> onnx.ModelProto:
+    """Two graph breaks: NonZero (its output shape depends on data) and a Reshape to a shape
+    given as an input."""
+    f32 = TensorProto.FLOAT
+    return make_model(
+        [
+            helper.make_node("NonZero", ["x"], ["where"], name="find_nonzero"),
+            helper.make_node("Transpose", ["where"], ["indices"]),
+            helper.make_node("GatherND", ["x", "indices"], ["picked"]),
+            helper.make_node("Reshape", ["picked", "shape"], ["y"], name="reshape_by_data"),
+        ],
+        [
+            helper.make_tensor_value_info("x", f32, ["n"]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", f32, None)],
+    )
+
+
+def test_graph_breaks_are_refused():
+    model = transmuter.load(breaking_model())
+    with pytest.raises(transmuter.ExportError, match="static_inputs") as error:
+        transmuter.export(model)
+    assert error.value.nodes == ("find_nonzero", "reshape_by_data")
+    assert "'find_nonzero'" in str(error.value) and "reshape_by_data" in str(error.value)
+
+
+def branch_model() -> onnx.ModelProto:
+    """If on an input flag, with branches of different shapes: a break unless the flag is
+    static."""
+    f32 = TensorProto.FLOAT
+    out = lambda name: helper.make_tensor_value_info(name, f32, None)  # noqa: E731
+    same = helper.make_graph([helper.make_node("Identity", ["x"], ["a"])], "then", [], [out("a")])
+    doubled = helper.make_graph(
+        [helper.make_node("Concat", ["x", "x"], ["c"], axis=1)], "else", [], [out("c")]
+    )
+    return make_model(
+        [
+            helper.make_node(
+                "If", ["flag"], ["y"], then_branch=same, else_branch=doubled, name="pick"
+            )
+        ],
+        [
+            helper.make_tensor_value_info("x", f32, ["batch", 4]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [out("y")],
+    )
+
+
+def test_static_inputs_remove_a_break(rng, tmp_path):
+    model = transmuter.load(branch_model())
+    with pytest.raises(transmuter.ExportError) as error:
+        transmuter.export(model)
+    assert error.value.nodes == ("pick",)
+    static = {"flag": np.array(False)}
+    exported = transmuter.export(model, static_inputs=static)
+    transmuter.write_export(exported, tmp_path, model=model, static_inputs=static)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [i["name"] for i in manifest["inputs"]] == ["x"]
+    assert manifest["static_inputs"] == {"flag": {"dtype": "bool", "value": False}}
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    (y,) = call(exported, x)
+    np.testing.assert_array_equal(y, np.concatenate([x, x], axis=1))
+
+
+# ------------------------------------------------------------------------ fixture models, reloaded
+
+# Reads each artifact with jax alone, runs it on the stored inputs, and writes the outputs.
+RELOAD = """
+import json, sys
+from pathlib import Path
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+for job in json.loads(Path(sys.argv[1]).read_text()):
+    folder = Path(job["artifact"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    exported = jax.export.deserialize(bytearray((folder / "model.jax_exported").read_bytes()))
+    inputs = np.load(job["inputs"])
+    args = [inputs[i["name"]] for i in manifest["inputs"]]
+    if manifest["params_mode"] == "argument":
+        stored = np.load(folder / "params.npz")
+        args.insert(0, {p["name"]: stored[p["name"]] * job["scale"] for p in manifest["params"]})
+    outputs = exported.call(*args)
+    np.savez(job["outputs"], **{o["name"]: np.asarray(v) for o, v in zip(manifest["outputs"], outputs)})
+assert "transmuter" not in sys.modules
+"""
+
+
+def stored_cases(name):
+    stored = np.load(FIXTURES / f"{name}.npz")
+    for index in (0, 1):
+        prefix = f"case{index}/"
+        inputs = {k[len(prefix) + 3 :]: stored[k] for k in stored if k.startswith(prefix + "in/")}
+        outputs = {k[len(prefix) + 4 :]: stored[k] for k in stored if k.startswith(prefix + "out/")}
+        if inputs:
+            yield inputs, outputs
+
+
+def decoder_cases(name, rng, past):
+    """The stored case with a past of length `past` (0 or 6), and one more size computed with
+    ONNX Runtime."""
+    stored = [
+        case for case in stored_cases(name) if case[0]["past_key_values.0.key"].shape[2] == past
+    ]
+    yield stored[0]
+    inputs = stored[0][0]
+    batch, sequence, past = 2, 3, min(past, 2)
+    more = {
+        "input_ids": rng.integers(0, 256, (batch, sequence)),
+        "attention_mask": np.ones((batch, past + sequence), np.int64),
+    }
+    for key, value in inputs.items():
+        if key.startswith("past_key_values"):
+            heads, width = value.shape[1], value.shape[3]
+            more[key] = rng.standard_normal((batch, heads, past, width)).astype(np.float32)
+    proto = onnx.load(FIXTURES / f"{name}.onnx")
+    names = [o.name for o in proto.graph.output]
+    yield more, dict(zip(names, ort_run(proto, more)))
+
+
+@pytest.fixture(scope="module")
+def reloaded(tmp_path_factory):
+    """Every artifact written, then run in one fresh process: key -> (inputs, expected, got)."""
+    folder = tmp_path_factory.mktemp("exports")
+    rng = np.random.default_rng(0)
+    bert = transmuter.load(FIXTURES / "bert.onnx")
+    gpt2 = transmuter.load(FIXTURES / "gpt2.onnx")
+    models = {
+        # bert's position table has 64 rows: it bounds the sequence.
+        "bert": (bert, list(stored_cases("bert")), {"constraints": ["sequence <= 64"]}),
+        # past_sequence is symbolic, and so at least 1 (jax.export dims are).
+        "gpt2": (gpt2, list(decoder_cases("gpt2", rng, past=6)), {}),
+        # The first step, with an empty cache, is an export of its own: past dims 0.
+        "gpt2_prefill": (
+            gpt2,
+            list(decoder_cases("gpt2", rng, past=0)),
+            {"input_specs": {n: ("batch", 4, 0, 8) for n in gpt2.inputs if n.startswith("past")}},
+        ),
+        "convnext": (
+            transmuter.load(FIXTURES / "convnext.onnx"),
+            list(stored_cases("convnext")),
+            {},
+        ),
+        "bert_argument": (
+            bert,
+            list(stored_cases("bert")),
+            {"constraints": ["sequence <= 64"], "params": "argument"},
+        ),
+    }
+    jobs, expected = [], {}
+    for name, (model, cases, options) in models.items():
+        exported = transmuter.export(model, **options)
+        written = {k: v for k, v in options.items() if k != "input_specs"}
+        transmuter.write_export(exported, folder / name, model=model, **written)
+        for index, (inputs, outputs) in enumerate(cases):
+            key = f"{name}-{index}"
+            np.savez(folder / f"{key}-in.npz", **inputs)
+            scale = 0.9 if options.get("params") == "argument" else 1.0
+            if scale != 1.0:
+                params = {k: v * scale for k, v in model.params.items()}
+                outputs = {
+                    k: np.asarray(v)
+                    for k, v in transmuter.run(model, inputs, params=params).items()
+                }
+            jobs.append(
+                {
+                    "artifact": str(folder / name),
+                    "inputs": str(folder / f"{key}-in.npz"),
+                    "outputs": str(folder / f"{key}-out.npz"),
+                    "scale": scale,
+                }
+            )
+            expected[key] = (inputs, outputs)
+    (folder / "jobs.json").write_text(json.dumps(jobs))
+    subprocess.run([sys.executable, "-c", RELOAD, str(folder / "jobs.json")], check=True)
+    return {key: (*expected[key], np.load(folder / f"{key}-out.npz")) for key in expected}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "gpt2", "gpt2_prefill", "convnext", "bert_argument"])
+def test_fixture_model_round_trip(name, reloaded):
+    runs = [(key, v) for key, v in reloaded.items() if key.rsplit("-", 1)[0] == name]
+    assert len(runs) == 2
+    shapes = set()
+    for key, (inputs, expected, got) in runs:
+        shapes.add(tuple(v.shape for v in inputs.values()))
+        check([got[n] for n in expected], list(expected.values()), [f"{key} {n}" for n in expected])
+    assert len(shapes) == 2  # two sizes through one program
