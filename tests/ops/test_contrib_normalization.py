@@ -1,6 +1,7 @@
 """ORT's fused normalizations (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-EmbedLayerNormalization, GroupNorm) and its ai.onnx-domain SimplifiedLayerNormalization-1 and
-LayerNormalization-1, against ONNX Runtime's CPU kernels (NumPy where ORT has no CPU kernel)."""
+EmbedLayerNormalization, QEmbedLayerNormalization, GroupNorm) and its ai.onnx-domain
+SimplifiedLayerNormalization-1 and LayerNormalization-1, against ONNX Runtime's CPU kernels
+(NumPy where ORT has no CPU kernel)."""
 
 import ml_dtypes
 import numpy as np
@@ -224,6 +225,161 @@ def test_embed_layer_normalization_bad_position_ids(rng):
     inputs["position_ids"] = np.zeros((3, 5), np.int32)
     model = make_node_model("EmbedLayerNormalization", inputs, domain=MS, input_names=EMBED_NAMES)
     with pytest.raises(TransmuterError, match="position_ids must be"):
+        transmuter_runs(model, inputs, compiled=False)
+
+
+# ------------------------------------------------------------ quantized embed layer normalization
+
+QEMBED_NAMES = [
+    "input_ids",
+    "segment_ids",
+    "word_embedding_quant",
+    "position_embedding_quant",
+    "segment_embedding",
+    "gamma_quant",
+    "beta_quant",
+    "mask",
+    "word_embedding_scale",
+    "position_embedding_scale",
+    "segment_embedding_scale",
+    "gamma_scale",
+    "beta_scale",
+    "word_embedding_zero_point",
+    "position_embedding_zero_point",
+    "segment_embedding_zero_point",
+    "gamma_zero_point",
+    "beta_zero_point",
+]
+QEMBED_SYMBOLIC = {"input_ids": [0], "segment_ids": [0], "mask": [0]}
+
+
+def _qembed_inputs(rng, dtype=np.uint8, *, batch=2, seq=5, hidden=16, segment=True, mask=True):
+    info = np.iinfo(dtype)
+
+    def quantized(shape):
+        return rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+
+    inputs = {
+        "input_ids": rng.integers(0, 30, (batch, seq)).astype(np.int32),
+        "segment_ids": rng.integers(0, 2, (batch, seq)).astype(np.int32) if segment else None,
+        "word_embedding_quant": quantized((30, hidden)),
+        "position_embedding_quant": quantized((8, hidden)),
+        "segment_embedding": quantized((2, hidden)) if segment else None,
+        "gamma_quant": quantized((hidden,)),
+        "beta_quant": quantized((hidden,)),
+        # Values other than 0 and 1: ORT counts the ones only.
+        "mask": rng.integers(0, 3, (batch, seq)).astype(np.int32) if mask else None,
+    }
+    for table in ("word_embedding", "position_embedding", "segment_embedding", "gamma", "beta"):
+        present = segment or table != "segment_embedding"
+        scale = np.float32(rng.uniform(0.01, 0.05))
+        zero_point = quantized(())
+        inputs[f"{table}_scale"] = scale if present else None
+        inputs[f"{table}_zero_point"] = zero_point if present else None
+    return inputs
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("segment", [True, False])
+@pytest.mark.parametrize("mask", [True, False])
+def test_qembed_layer_normalization(rng, dtype, segment, mask):
+    inputs = _qembed_inputs(rng, dtype, segment=segment, mask=mask)
+    check_node(
+        "QEmbedLayerNormalization",
+        inputs,
+        domain=MS,
+        outputs=2,
+        input_names=QEMBED_NAMES,
+        rtol=1e-5,
+        atol=1e-5,
+        symbolic=QEMBED_SYMBOLIC,
+    )
+
+
+def test_qembed_layer_normalization_one_element_scales_and_epsilon(rng):
+    # ORT's kernel takes each scale and zero point as a scalar or a 1-D tensor of one value.
+    # epsilon=1e-2 against variances of a few units moves the outputs by about 1e-3.
+    inputs = _qembed_inputs(rng, np.int8, batch=3, seq=8)
+    for name in QEMBED_NAMES[8:]:
+        inputs[name] = np.reshape(inputs[name], (1,))
+    check_node(
+        "QEmbedLayerNormalization",
+        inputs,
+        {"epsilon": 1e-2},
+        domain=MS,
+        outputs=2,
+        input_names=QEMBED_NAMES,
+        rtol=1e-5,
+        atol=1e-5,
+        constants=QEMBED_NAMES[2:7] + QEMBED_NAMES[8:],
+    )
+
+
+def test_qembed_layer_normalization_matches_float_op(rng):
+    # The quantized op is the float op on the dequantized tables.
+    inputs = _qembed_inputs(rng)
+
+    def dequantized(name):
+        table = name.removesuffix("_quant")
+        values = inputs[name].astype(np.int32) - inputs[f"{table}_zero_point"].astype(np.int32)
+        return values.astype(np.float32) * inputs[f"{table}_scale"]
+
+    float_inputs = {
+        "input_ids": inputs["input_ids"],
+        "segment_ids": inputs["segment_ids"],
+        **{n.removesuffix("_quant"): dequantized(n) for n in QEMBED_NAMES[2:7]},
+        "mask": inputs["mask"],
+    }
+    model = make_node_model(
+        "EmbedLayerNormalization", float_inputs, domain=MS, outputs=2, input_names=EMBED_NAMES
+    )
+    expected = transmuter_runs(model, float_inputs, compiled=False)["eager"]
+    _check_against(
+        expected,
+        "QEmbedLayerNormalization",
+        inputs,
+        tol=1e-6,
+        domain=MS,
+        outputs=2,
+        input_names=QEMBED_NAMES,
+    )
+
+
+@pytest.mark.parametrize("batch, seq", [(0, 5), (2, 0)])
+def test_qembed_layer_normalization_zero_size(rng, batch, seq):
+    inputs = _qembed_inputs(rng, batch=batch, seq=seq)
+    check_node("QEmbedLayerNormalization", inputs, domain=MS, outputs=2, input_names=QEMBED_NAMES)
+
+
+def test_qembed_layer_normalization_position_out_of_range(rng):
+    # Positions run 0..sequence-1: ORT fails the run past the position table, Transmuter gives
+    # NaN rows for those positions.
+    inputs = _qembed_inputs(rng, seq=10, segment=False)
+    model = make_node_model(
+        "QEmbedLayerNormalization", inputs, domain=MS, outputs=2, input_names=QEMBED_NAMES
+    )
+    for outputs in transmuter_runs(model, inputs).values():
+        bad = np.isnan(np.asarray(outputs[0])).all(axis=-1)
+        np.testing.assert_array_equal(bad, np.broadcast_to(np.arange(10) >= 8, (2, 10)))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"gamma_scale": np.full((3,), 0.1, np.float32)}, "gamma_scale must be a scalar"),
+        ({"word_embedding_zero_point": np.zeros((1, 1), np.uint8)}, "word_embedding_zero_point"),
+        ({"beta_zero_point": np.int8(0)}, "beta_zero_point must have"),
+        ({"segment_embedding_scale": None}, "all or none"),
+        ({"mask": np.ones((2, 3), np.int32)}, "mask must have"),
+        ({"gamma_quant": np.zeros((8,), np.uint8)}, "gamma_quant must have shape"),
+    ],
+)
+def test_qembed_layer_normalization_bad_inputs(rng, change, match):
+    inputs = {**_qembed_inputs(rng), **change}
+    model = make_node_model(
+        "QEmbedLayerNormalization", inputs, domain=MS, outputs=2, input_names=QEMBED_NAMES
+    )
+    with pytest.raises(TransmuterError, match=match):
         transmuter_runs(model, inputs, compiled=False)
 
 

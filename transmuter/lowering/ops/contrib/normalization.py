@@ -1,7 +1,8 @@
 """ONNX Runtime's fused normalizations: SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-EmbedLayerNormalization and GroupNorm (com.microsoft), and the two normalizations ORT registers
-in the ai.onnx domain itself: SimplifiedLayerNormalization-1 and the LayerNormalization-1 that
-predates ai.onnx's own LayerNormalization-17 (normalization.py; lookup picks by the opset).
+EmbedLayerNormalization, its quantized form QEmbedLayerNormalization and GroupNorm
+(com.microsoft), and the two normalizations ORT registers in the ai.onnx domain itself:
+SimplifiedLayerNormalization-1 and the LayerNormalization-1 that predates ai.onnx's own
+LayerNormalization-17 (normalization.py; lookup picks by the opset).
 
 Statistics are computed in float32 for float16/bfloat16 inputs (and in float64 for float64
 inputs, as ORT's CPU kernels do), the result is rounded once at the end.
@@ -24,6 +25,7 @@ from transmuter.lowering.ops.normalization import (
     stash_dtype,
     unidirectional,
 )
+from transmuter.lowering.ops.quantization import dequantize_linear_v21
 
 MS = "com.microsoft"
 
@@ -116,15 +118,71 @@ def skip_simplified_layer_normalization(
 # ------------------------------------------------------------------ embed layer normalization
 
 
-def _lookup(op_type: str, name: str, table, ids):
-    """Rows of `table` at `ids`; ids outside the table give NaN rows (ORT fails the run)."""
+def _lookup(op_type: str, name: str, table, ids, to_float):
+    """Rows of `table` at `ids`, through `to_float`; ids outside the table give NaN rows (ORT
+    fails the run)."""
     table = jnp.asarray(table)
     ids = jnp.asarray(ids)
     if table.ndim != 2:
         raise ShapeError(f"{op_type}: {name} must be 2-D (rows, hidden), got {list(table.shape)}")
     valid = (ids >= 0) & (ids < table.shape[0])
-    rows = jnp.take(table, jnp.clip(ids, 0, max(table.shape[0] - 1, 0)), axis=0)
+    # Gathered before converting: a quantized word table is dequantized row by row, not whole.
+    rows = to_float(name, jnp.take(table, jnp.clip(ids, 0, max(table.shape[0] - 1, 0)), axis=0))
     return jnp.where(valid[..., None], rows, jnp.asarray(np.nan, rows.dtype))
+
+
+def _embed_layer_norm(
+    op_type, input_ids, segment_ids, word, position, segment, gamma, beta, mask, position_ids,
+    epsilon, to_float,
+):  # fmt: skip
+    """LayerNorm of word + position (+ segment) embeddings, the mask_index and the sum.
+
+    word, position, segment (None when absent), gamma and beta are (input name, tensor) pairs;
+    to_float(name, values) turns values of that input into the compute type (a cast, or a
+    dequantization). Returns (normalized, mask_index, sum), the first and last in that type.
+    """
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2:
+        raise ShapeError(
+            f"{op_type}: input_ids must be (batch, sequence), got {list(input_ids.shape)}"
+        )
+    batch, sequence = input_ids.shape
+    for name, value in (("segment_ids", segment_ids), ("mask", mask)):
+        if value is not None and tuple(jnp.shape(value)) != tuple(input_ids.shape):
+            raise ShapeError(
+                f"{op_type}: {name} must have input_ids' shape {list(input_ids.shape)}, got "
+                f"{list(jnp.shape(value))}"
+            )
+    if (segment_ids is None) != (segment is None):
+        raise ShapeError(f"{op_type}: segment_ids and the segment embedding come together")
+    if position_ids is None:
+        position_ids = jnp.arange(sequence, dtype=input_ids.dtype)[None]
+    elif tuple(jnp.shape(position_ids)) not in ((1, sequence), (batch, sequence)):
+        raise ShapeError(
+            f"{op_type}: position_ids must be (1, {sequence}) or ({batch}, {sequence}), got "
+            f"{list(jnp.shape(position_ids))}"
+        )
+    hidden = jnp.shape(word[1])[-1]
+    total = _lookup(op_type, *word, input_ids, to_float)
+    positions = jnp.broadcast_to(jnp.asarray(position_ids), input_ids.shape)
+    embeddings = [(*position, positions)]
+    if segment_ids is not None:
+        embeddings.append((*segment, segment_ids))
+    for name, table, ids in embeddings:
+        if jnp.ndim(table) != 2 or jnp.shape(table)[1] != hidden:
+            raise ShapeError(
+                f"{op_type}: {name} must be (rows, {hidden}), got {list(jnp.shape(table))}"
+            )
+        total = total + _lookup(op_type, name, table, ids, to_float)
+    normalized, _, _ = standardize(total, (-1,), epsilon, total.dtype)
+    y = normalized * to_float(gamma[0], _hidden_vector(op_type, *gamma, hidden))
+    y = y + to_float(beta[0], _hidden_vector(op_type, *beta, hidden))
+    if mask is None:
+        mask_index = jnp.zeros((batch,), np.int32)
+    else:
+        # ORT counts the entries equal to 1 (not the nonzero ones, nor the first zero).
+        mask_index = jnp.sum(jnp.asarray(mask) == 1, axis=1, dtype=np.int32)
+    return y, mask_index, total
 
 
 @op("EmbedLayerNormalization", since=1, domain=MS)
@@ -149,50 +207,123 @@ def embed_layer_normalization(
     # produces mask_index either way.
     if mask_index_type not in (None, 0, 1):
         raise ValueError(f"{op_type}: mask_index_type must be 0 or 1, got {mask_index_type}")
-    input_ids = jnp.asarray(input_ids)
-    if input_ids.ndim != 2:
-        raise ShapeError(
-            f"{op_type}: input_ids must be (batch, sequence), got {list(input_ids.shape)}"
-        )
-    batch, sequence = input_ids.shape
-    for name, value in (("segment_ids", segment_ids), ("mask", mask)):
-        if value is not None and tuple(jnp.shape(value)) != tuple(input_ids.shape):
-            raise ShapeError(
-                f"{op_type}: {name} must have input_ids' shape {list(input_ids.shape)}, got "
-                f"{list(jnp.shape(value))}"
-            )
-    if (segment_ids is None) != (segment_embedding is None):
-        raise ShapeError(f"{op_type}: segment_ids and segment_embedding come together")
-    if position_ids is None:
-        position_ids = jnp.arange(sequence, dtype=input_ids.dtype)[None]
-    elif tuple(jnp.shape(position_ids)) not in ((1, sequence), (batch, sequence)):
-        raise ShapeError(
-            f"{op_type}: position_ids must be (1, {sequence}) or ({batch}, {sequence}), got "
-            f"{list(jnp.shape(position_ids))}"
-        )
-    dtype = compute_dtype(jnp.asarray(word_embedding))
-    hidden = jnp.shape(word_embedding)[-1]
-    total = _lookup(op_type, "word_embedding", word_embedding, input_ids).astype(dtype)
-    positions = jnp.broadcast_to(jnp.asarray(position_ids), input_ids.shape)
-    embeddings = [("position_embedding", position_embedding, positions)]
-    if segment_ids is not None:
-        embeddings.append(("segment_embedding", segment_embedding, segment_ids))
-    for name, table, ids in embeddings:
-        if jnp.ndim(table) != 2 or jnp.shape(table)[1] != hidden:
-            raise ShapeError(
-                f"{op_type}: {name} must be (rows, {hidden}), got {list(jnp.shape(table))}"
-            )
-        total = total + _lookup(op_type, name, table, ids).astype(dtype)
-    normalized, _, _ = standardize(total, (-1,), epsilon, dtype)
-    y = normalized * _hidden_vector(op_type, "gamma", gamma, hidden).astype(dtype)
-    y = y + _hidden_vector(op_type, "beta", beta, hidden).astype(dtype)
     out_dtype = jnp.asarray(word_embedding).dtype
-    if mask is None:
-        mask_index = jnp.zeros((batch,), np.int32)
-    else:
-        # ORT counts the entries equal to 1 (not the nonzero ones, nor the first zero).
-        mask_index = jnp.sum(jnp.asarray(mask) == 1, axis=1, dtype=np.int32)
+    dtype = compute_dtype(jnp.asarray(word_embedding))
+    y, mask_index, total = _embed_layer_norm(
+        op_type,
+        input_ids,
+        segment_ids,
+        ("word_embedding", word_embedding),
+        ("position_embedding", position_embedding),
+        None if segment_embedding is None else ("segment_embedding", segment_embedding),
+        ("gamma", gamma),
+        ("beta", beta),
+        mask,
+        position_ids,
+        epsilon,
+        lambda name, values: values.astype(dtype),
+    )
     return y.astype(out_dtype), mask_index, total.astype(out_dtype)
+
+
+def _per_tensor(op_type: str, name: str, value):
+    """A scale or zero point as a scalar: ORT's kernel takes a scalar or a 1-D tensor of one."""
+    value = jnp.asarray(value)
+    if value.ndim > 1 or value.size != 1:
+        raise ShapeError(
+            f"{op_type}: {name} must be a scalar or a 1-D tensor of size 1, got {list(value.shape)}"
+        )
+    return value.reshape(())
+
+
+@op("QEmbedLayerNormalization", since=1, domain=MS)
+def qembed_layer_normalization(
+    input_ids,
+    segment_ids,
+    word_embedding_quant,
+    position_embedding_quant,
+    segment_embedding,
+    gamma_quant,
+    beta_quant,
+    mask,
+    word_embedding_scale,
+    position_embedding_scale,
+    segment_embedding_scale,
+    gamma_scale,
+    beta_scale,
+    word_embedding_zero_point,
+    position_embedding_zero_point,
+    segment_embedding_zero_point,
+    gamma_zero_point,
+    beta_zero_point,
+    *,
+    epsilon=9.999999960041972e-13,
+):
+    """com.microsoft QEmbedLayerNormalization-1: EmbedLayerNormalization of per-tensor
+    quantized (int8/uint8) tables, gamma and beta, in float32; no embedding sum output."""
+    op_type = "QEmbedLayerNormalization"
+    segment_group = (
+        segment_ids,
+        segment_embedding,
+        segment_embedding_scale,
+        segment_embedding_zero_point,
+    )
+    if any(v is None for v in segment_group) != all(v is None for v in segment_group):
+        raise ShapeError(
+            f"{op_type}: segment_ids, segment_embedding, segment_embedding_scale and "
+            "segment_embedding_zero_point come together (all or none)"
+        )
+    # Where the doc is silent, ORT's CPU kernel is the reference: positions are 0..S-1 (there
+    # is no position_ids input), each scale and zero point is one value (a scalar or a 1-D
+    # tensor of one), and mask_index counts the ones in each mask row, as for the float op.
+    quantized = (
+        ("word_embedding_quant", word_embedding_quant, word_embedding_scale,
+         word_embedding_zero_point),
+        ("position_embedding_quant", position_embedding_quant, position_embedding_scale,
+         position_embedding_zero_point),
+        ("segment_embedding", segment_embedding, segment_embedding_scale,
+         segment_embedding_zero_point),
+        ("gamma_quant", gamma_quant, gamma_scale, gamma_zero_point),
+        ("beta_quant", beta_quant, beta_scale, beta_zero_point),
+    )  # fmt: skip
+    kind = jnp.asarray(word_embedding_quant).dtype
+    if kind not in (np.int8, np.uint8):
+        raise ValueError(f"{op_type}: word_embedding_quant must be int8 or uint8, got {kind}")
+    params = {}
+    for name, value, scale, zero_point in quantized:
+        if value is None:
+            continue
+        prefix = name.removesuffix("_quant")
+        # One type (T2) binds every quantized tensor and zero point.
+        for what, tensor in ((name, value), (f"{prefix}_zero_point", zero_point)):
+            if jnp.asarray(tensor).dtype != kind:
+                raise ValueError(
+                    f"{op_type}: {what} must have word_embedding_quant's type {kind}, got "
+                    f"{jnp.asarray(tensor).dtype}"
+                )
+        params[name] = (
+            _per_tensor(op_type, f"{prefix}_scale", scale).astype(np.float32),
+            _per_tensor(op_type, f"{prefix}_zero_point", zero_point),
+        )
+
+    def dequantize(name, values):
+        return dequantize_linear_v21(values, *params[name])
+
+    y, mask_index, _ = _embed_layer_norm(
+        op_type,
+        input_ids,
+        segment_ids,
+        ("word_embedding_quant", word_embedding_quant),
+        ("position_embedding_quant", position_embedding_quant),
+        None if segment_embedding is None else ("segment_embedding", segment_embedding),
+        ("gamma_quant", gamma_quant),
+        ("beta_quant", beta_quant),
+        mask,
+        None,
+        epsilon,
+        dequantize,
+    )
+    return y, mask_index
 
 
 # ------------------------------------------------------------------------------- group norm
