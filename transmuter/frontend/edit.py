@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import onnx
 
 from transmuter.errors import ModelLoadError
-from transmuter.frontend.loader import _read_proto
+from transmuter.frontend.loader import read_proto
 
 # Protobuf refuses to serialize a message of 2 GB or more.
 PROTOBUF_LIMIT = 2**31
@@ -31,7 +31,7 @@ def reference_model(source, *, expose_intermediates: bool = False) -> ReferenceM
     External data is read into the bytes when the whole fits in a protobuf, so that files
     reached through links (the Hugging Face cache's blobs/, which ONNX Runtime refuses to follow)
     work; larger models keep naming their files, which ONNX Runtime reads from `data_dir`."""
-    proto, base_dir = _read_proto(source)
+    proto, base_dir = read_proto(source)
     proto = _copy(proto)  # never edit the caller's ModelProto
     for node in _quantizing_nodes(proto.graph):
         kept = [a for a in node.attribute if a.name != "accuracy_level"]
@@ -70,7 +70,7 @@ def reference_edits(source) -> list[str]:
     nodes already in a file (session.qdq_matmulnbits_accuracy_level applies only when its
     optimizer fuses DequantizeLinear + MatMul, and a reference runs without optimizations), so
     the reference runs on a copy with every accuracy_level set to 0."""
-    proto, _ = _read_proto(source)
+    proto, _ = read_proto(source)
     pinned = sum(1 for _ in _quantizing_nodes(proto.graph))
     return [f"MatMulNBits accuracy_level -> 0 on {pinned} nodes"] if pinned else []
 

@@ -22,7 +22,7 @@ def load_model(source) -> ir.Model:
     External-data tensors are memory-mapped from files beside the model; a location that leaves
     the model's folder is refused.
     """
-    proto, base_dir = _read_proto(source)
+    proto, base_dir = read_proto(source)
     if not proto.HasField("graph"):
         raise ModelLoadError("the ONNX model has no graph (is the file complete?)")
     if proto.functions:
@@ -41,7 +41,9 @@ def load_model(source) -> ir.Model:
     )
 
 
-def _read_proto(source) -> tuple[onnx.ModelProto, Path | None]:
+def read_proto(source) -> tuple[onnx.ModelProto, Path | None]:
+    """The ModelProto of a path, bytes or ModelProto, and the folder its external data is named
+    relative to (None unless read from a file)."""
     if isinstance(source, onnx.ModelProto):
         return source, None
     if isinstance(source, (bytes, bytearray, memoryview)):

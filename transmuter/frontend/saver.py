@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from transmuter import dtypes
 from transmuter.errors import InputError, ModelLoadError, TransmuterError
-from transmuter.frontend.loader import _read_proto
+from transmuter.frontend.loader import read_proto
 
 # Protobuf cannot serialize a message over 2 GiB; past this many bytes of initializers the
 # weights go to a separate file, leaving room for the graph itself.
@@ -54,7 +54,7 @@ class Origin:
             proto.CopyFrom(self.data)
             return proto, None
         if self.path is None:
-            return _read_proto(self.data)
+            return read_proto(self.data)
         try:
             stamp = _stamp(self.path)
         except FileNotFoundError:
@@ -64,7 +64,7 @@ class Origin:
                 f"{str(self.path)!r} changed or was removed since the model was loaded from it; "
                 "saving writes the source file's graph with new weights, so load it again first"
             )
-        return _read_proto(self.path)
+        return read_proto(self.path)
 
 
 def save_model(

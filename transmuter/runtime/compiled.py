@@ -11,7 +11,7 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError
-from transmuter.runtime.execute import _as_output, x64_scope
+from transmuter.runtime.execute import as_output, x64_scope
 from transmuter.runtime.segments import SegmentRunner, signature
 
 EAGER_THRESHOLD = 20
@@ -92,7 +92,7 @@ class CompiledModel:
                 env.update(self.model.params)
                 env.update(arrays)
                 self.runner.run(env, self._data, key)
-                return {name: _as_output(env[name]) for name in self.model.outputs}
+                return {name: as_output(env[name]) for name in self.model.outputs}
 
     def _arrays(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(inputs, Mapping):
@@ -124,7 +124,7 @@ class CompiledModel:
                 self.model.host_constants,
             ):
                 if name in source:
-                    outputs[name] = _as_output(source[name])
+                    outputs[name] = as_output(source[name])
                     break
         return outputs
 

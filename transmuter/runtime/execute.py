@@ -48,7 +48,7 @@ def evaluate(
     """The graph walk shared by `run` and the compiled runtime. Call inside `x64_scope`."""
     env = _environment(model, inputs, params, device_constants)
     values = Interpreter(model.plan, key).run(model.plan, env)
-    return {name: _as_output(v) for name, v in zip(model.outputs, values)}
+    return {name: as_output(v) for name, v in zip(model.outputs, values)}
 
 
 def intermediates(model, inputs: Mapping[str, Any], *, key: Any = None) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def intermediates(model, inputs: Mapping[str, Any], *, key: Any = None) -> dict[
             model.device_constants,
         )
         Interpreter(model.plan, key).run(model.plan, env)
-        return {name: _as_output(v) for name, v in env.items()}
+        return {name: as_output(v) for name, v in env.items()}
 
 
 def _environment(model, inputs, params, device_constants) -> dict[str, Any]:
@@ -97,10 +97,10 @@ def _check_params(model, params: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return params
 
 
-def _as_output(value: Any) -> Any:
+def as_output(value: Any) -> Any:
     """Host results become JAX arrays like every other output; strings stay numpy."""
     if isinstance(value, list):
-        return [_as_output(v) for v in value]
+        return [as_output(v) for v in value]
     if isinstance(value, np.ndarray) and value.dtype != object:
         return jnp.asarray(value)
     return value

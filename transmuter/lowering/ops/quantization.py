@@ -20,7 +20,8 @@ from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.conv import same_pads, spatial_attrs
 
-_INT_RANGES = {
+# Integer quantized types -> (lowest, highest) value, for saturation.
+INT_RANGES = {
     np.dtype(t): (int(ml_dtypes.iinfo(t).min), int(ml_dtypes.iinfo(t).max))
     for t in (
         np.uint8,
@@ -110,7 +111,7 @@ def _to_float(value, dtype=_F32):
     return value.astype(dtype)
 
 
-def _divide(x, scale, dtype: np.dtype):
+def divide(x, scale, dtype: np.dtype):
     """x / scale rounded once to `dtype`, as an IEEE division in `dtype` gives it.
 
     XLA rewrites a division by a broadcast value into a multiplication by its reciprocal, which
@@ -143,7 +144,7 @@ def _plus_float_zero(value, zero):
 def _quantize(x, y_scale, y_zero_point, *, axis, block_size, saturate, target, precision):
     x, y_scale = jnp.asarray(x), jnp.asarray(y_scale)
     if (
-        target not in _INT_RANGES
+        target not in INT_RANGES
         and target not in dtypes.FLOAT8
         and target not in _SATURATING_FLOATS
     ):
@@ -153,17 +154,17 @@ def _quantize(x, y_scale, y_zero_point, *, axis, block_size, saturate, target, p
     scale = _to_float(
         _granular(y_scale, x.shape, axis, block_size, "QuantizeLinear y_scale"), compute
     )
-    value = _divide(_to_float(x, compute), scale, compute)
+    value = divide(_to_float(x, compute), scale, compute)
     zero = None
     if y_zero_point is not None:
         zero = _granular(y_zero_point, x.shape, axis, block_size, "QuantizeLinear y_zero_point")
-    if target in _INT_RANGES:
+    if target in INT_RANGES:
         # Round in the division type, then widen: float16 cannot hold every uint16 zero point.
         wide = np.dtype(np.float64) if compute == np.float64 else _F32
         value = jnp.round(value).astype(wide)
         if zero is not None:
             value = value + zero.astype(wide)
-        low, high = _INT_RANGES[target]
+        low, high = INT_RANGES[target]
         return jnp.clip(value, low, high).astype(target)
     value = value.astype(_F32) if compute != np.float64 else value
     if zero is not None:
@@ -356,7 +357,7 @@ def dynamic_quantize_linear(x):
     # An all-zero (or empty) x would give scale 0 and NaNs; ONNX Runtime uses 1 there.
     scale = jnp.where(high == low, jnp.float32(1.0), (high - low) / jnp.float32(255.0))
     zero = jnp.round(jnp.clip(-low / scale, 0.0, 255.0))
-    y = jnp.clip(jnp.round(_divide(x, scale, _F32)) + zero, 0.0, 255.0).astype(jnp.uint8)
+    y = jnp.clip(jnp.round(divide(x, scale, _F32)) + zero, 0.0, 255.0).astype(jnp.uint8)
     return y, scale.astype(jnp.float32), zero.astype(jnp.uint8)
 
 
@@ -409,13 +410,13 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     )
 
 
-def _requantize(acc, multiplier, y_zero_point):
+def requantize(acc, multiplier, y_zero_point):
     """acc * multiplier quantized to y_zero_point's type (QLinear* outputs)."""
     y_zero_point = jnp.asarray(y_zero_point)
     target = np.dtype(y_zero_point.dtype)
     value = acc.astype(jnp.float32) * multiplier
-    if target in _INT_RANGES:
-        low, high = _INT_RANGES[target]
+    if target in INT_RANGES:
+        low, high = INT_RANGES[target]
         value = jnp.round(value) + y_zero_point.astype(jnp.float32)
         return jnp.clip(value, low, high).astype(target)
     if target not in dtypes.FLOAT8:
@@ -439,7 +440,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     # The shape of a per-row scale is (..., M, 1) and of a per-column one (..., 1, N) or (N,):
     # their product broadcasts over the (..., M, N) result.
     multiplier = a_scale * b_scale / _to_float(jnp.asarray(y_scale).reshape(()))
-    return _requantize(acc, multiplier, y_zero_point)
+    return requantize(acc, multiplier, y_zero_point)
 
 
 def _conv_window(op_type, x, w, kernel_shape, group, strides, dilations, pads, auto_pad):
@@ -612,4 +613,4 @@ def qlinear_conv(
         * w_scale
         / _to_float(jnp.asarray(y_scale).reshape(()))
     )
-    return _requantize(acc, multiplier, jnp.asarray(y_zero_point).reshape(()))
+    return requantize(acc, multiplier, jnp.asarray(y_zero_point).reshape(()))

@@ -46,8 +46,15 @@ _ACTIVATIONS: dict[str, tuple[Callable, Any, Any]] = {
 _DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 
+def num_directions(direction: str) -> int:
+    """The number of directions (1 or 2) a direction attribute names; ValueError if unknown."""
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {sorted(_DIRECTIONS)}, got {direction!r}")
+    return _DIRECTIONS[direction]
+
+
 @dataclass(frozen=True)
-class _Kind:
+class Kind:
     """What differs between RNN, GRU and LSTM outside the cell equations."""
 
     name: str
@@ -55,14 +62,14 @@ class _Kind:
     defaults: tuple[str, ...]  # activations of one direction when the attribute is absent
 
 
-_RNN = _Kind("RNN", 1, ("Tanh",))
-_GRU = _Kind("GRU", 3, ("Sigmoid", "Tanh"))
-_LSTM = _Kind("LSTM", 4, ("Sigmoid", "Tanh", "Tanh"))
+RNN = Kind("RNN", 1, ("Tanh",))
+GRU = Kind("GRU", 3, ("Sigmoid", "Tanh"))
+LSTM = Kind("LSTM", 4, ("Sigmoid", "Tanh", "Tanh"))
 
 
 def _activations(
-    kind: _Kind,
-    num_directions: int,
+    kind: Kind,
+    num_dir: int,
     names: Sequence[str] | None,
     alphas: Sequence[float] | None,
     betas: Sequence[float] | None,
@@ -74,11 +81,11 @@ def _activations(
     """
     per = len(kind.defaults)
     names = list(names) if names else list(kind.defaults)
-    if len(names) == per and num_directions == 2:
+    if len(names) == per and num_dir == 2:
         names = names * 2
-    if len(names) != per * num_directions:
+    if len(names) != per * num_dir:
         raise ValueError(
-            f"{kind.name} activations: expected {per * num_directions} names "
+            f"{kind.name} activations: expected {per * num_dir} names "
             f"({per} per direction), got {len(names)}: {names}"
         )
     alpha_iter, beta_iter = iter(alphas or ()), iter(betas or ())
@@ -94,7 +101,7 @@ def _activations(
         alpha = _parameter(name, "alpha", alpha_iter, default_alpha)
         beta = _parameter(name, "beta", beta_iter, default_beta)
         bound.append(lambda x, fn=fn, alpha=alpha, beta=beta: fn(x, alpha, beta))
-    return [bound[d * per : (d + 1) * per] for d in range(num_directions)]
+    return [bound[d * per : (d + 1) * per] for d in range(num_dir)]
 
 
 def _parameter(name: str, which: str, values, default):
@@ -113,9 +120,13 @@ def _check_shape(name: str, value, expected: tuple) -> None:
         raise ShapeError(f"{name} must have shape {list(expected)}, got {list(value.shape)}")
 
 
-def _recurrent(
+def _plain_product(h, R, step):
+    return h @ R.T
+
+
+def recurrent(
     ctx,
-    kind: _Kind,
+    kind: Kind,
     X,
     W,
     R,
@@ -134,12 +145,19 @@ def _recurrent(
     layout,
     input_forget=0,
     linear_before_reset=0,
+    recurrent_product: Callable = _plain_product,
 ):
-    if direction not in _DIRECTIONS:
-        raise ValueError(f"direction must be one of {sorted(_DIRECTIONS)}, got {direction!r}")
+    """The ai.onnx RNN, GRU or LSTM (`kind`) over all steps; returns the outputs ctx wants.
+
+    `recurrent_product(h, R, step)` computes every h·Rᵀ of the cell equations: h is one
+    direction's state [batch, hidden] (or GRU's r ⊙ h), R the rows of that direction's R it
+    meets, step the int32 index of the scan step. Both directions count steps from 0 and a
+    sequence of length L runs for steps < L, so a hook can tell which sequences have ended. The
+    default is the plain product; DynamicQuantizeLSTM quantizes h there.
+    """
     if layout not in (0, 1):
         raise ValueError(f"layout must be 0 or 1, got {layout}")
-    num_dir = _DIRECTIONS[direction]
+    num_dir = num_directions(direction)
     acts = _activations(kind, num_dir, activations, activation_alpha, activation_beta)
 
     out_dtype = X.dtype
@@ -181,9 +199,9 @@ def _recurrent(
         return value
 
     h0 = state(initial_h, "initial_h")
-    c0 = state(initial_c, "initial_c") if kind is _LSTM else None
+    c0 = state(initial_c, "initial_c") if kind is LSTM else None
 
-    lens = _lengths(sequence_lens, steps, batch)
+    lens = lengths(sequence_lens, steps, batch)
     t = jnp.arange(steps, dtype=jnp.int32)[:, None]
     valid = None if lens is None else t < lens[None, :]  # [steps, batch]
     # Step order of the reverse direction: each sequence backwards from its own last valid step;
@@ -199,18 +217,22 @@ def _recurrent(
         return jnp.take_along_axis(seq, order.reshape(order.shape + (1,) * (seq.ndim - 2)), 0)
 
     projected = jnp.einsum("tbi,dgi->dtbg", X, W) + Wb[:, None, None, :]
-    if kind is not _GRU:  # GRU's hidden-gate recurrent bias sits inside the reset product
+    if kind is not GRU:  # GRU's hidden-gate recurrent bias sits inside the reset product
         projected = projected + Rb[:, None, None, :]
     xs = tuple(to_step_order(projected[d], d) for d in range(num_dir))
     cell = _cell(kind, clip, input_forget, linear_before_reset)
     want_y = ctx.wants(0)
 
     def body(carry, inputs):
-        xw, mask = inputs
+        xw, mask, step = inputs
+
+        def product(h, R):
+            return recurrent_product(h, R, step)
+
         new_carry, ys = [], []
         for d in range(num_dir):
             peep = None if P is None else P[d]
-            new = cell(xw[d], carry[d], R[d], Rb[d], peep, acts[d])
+            new = cell(xw[d], carry[d], R[d], Rb[d], peep, acts[d], product)
             if mask is not None:
                 keep = mask[:, None]
                 new = tuple(jnp.where(keep, n, o) for n, o in zip(new, carry[d], strict=True))
@@ -220,7 +242,7 @@ def _recurrent(
         return tuple(new_carry), (tuple(ys) if want_y else None)
 
     init = tuple((h0[d],) if c0 is None else (h0[d], c0[d]) for d in range(num_dir))
-    final, ys = jax.lax.scan(body, init, (xs, valid))
+    final, ys = jax.lax.scan(body, init, (xs, valid, t[:, 0]))
 
     # ONNX Runtime reports a zero state, not the initial one, for an empty sequence.
     if steps == 0:
@@ -233,7 +255,7 @@ def _recurrent(
         results.append(jnp.transpose(Y, (2, 0, 1, 3)) if layout == 1 else Y)
     else:
         results.append(None)
-    for index in range(1, 3 if kind is _LSTM else 2):
+    for index in range(1, 3 if kind is LSTM else 2):
         if index < ctx.num_outputs:
             last = jnp.stack([f[index - 1] for f in final])
             results.append(jnp.swapaxes(last, 0, 1) if layout == 1 else last)
@@ -241,7 +263,7 @@ def _recurrent(
     return tuple(None if r is None else r.astype(out_dtype) for r in results)
 
 
-def _lengths(sequence_lens, steps: int, batch: int):
+def lengths(sequence_lens, steps: int, batch: int):
     """sequence_lens as int32 [batch], or None when every sequence is known to be full."""
     if sequence_lens is None:
         return None
@@ -257,37 +279,38 @@ def _lengths(sequence_lens, steps: int, batch: int):
     return jnp.asarray(sequence_lens).astype(jnp.int32)
 
 
-def _cell(kind: _Kind, clip, input_forget: int, linear_before_reset: int) -> Callable:
-    """One step of one direction: (x·Wᵀ + biases, state, R, Rb, P, activations) -> state."""
+def _cell(kind: Kind, clip, input_forget: int, linear_before_reset: int) -> Callable:
+    """One step of one direction: (x·Wᵀ + biases, state, R, Rb, P, activations, product) ->
+    state, where product(h, R) is h·Rᵀ."""
 
     def clipped(x):
         return x if clip is None else jnp.clip(x, -clip, clip)
 
-    def rnn(xw, carry, R, Rb, P, acts):
+    def rnn(xw, carry, R, Rb, P, acts, product):
         (h,) = carry
-        return (acts[0](clipped(xw + h @ R.T)),)
+        return (acts[0](clipped(xw + product(h, R))),)
 
-    def gru(xw, carry, R, Rb, P, acts):
+    def gru(xw, carry, R, Rb, P, acts, product):
         (h,) = carry
         f, g = acts
         hidden = h.shape[-1]
         xz, xr, xh = jnp.split(xw, 3, axis=-1)
         if linear_before_reset:
-            rz, rr, rh = jnp.split(h @ R.T + Rb, 3, axis=-1)
+            rz, rr, rh = jnp.split(product(h, R) + Rb, 3, axis=-1)
         else:
-            rz, rr = jnp.split(h @ R[: 2 * hidden].T + Rb[: 2 * hidden], 2, axis=-1)
+            rz, rr = jnp.split(product(h, R[: 2 * hidden]) + Rb[: 2 * hidden], 2, axis=-1)
         z = f(clipped(xz + rz))
         r = f(clipped(xr + rr))
         if linear_before_reset:
             candidate = g(clipped(xh + r * rh))
         else:
-            candidate = g(clipped(xh + (r * h) @ R[2 * hidden :].T + Rb[2 * hidden :]))
+            candidate = g(clipped(xh + product(r * h, R[2 * hidden :]) + Rb[2 * hidden :]))
         return ((1 - z) * candidate + z * h,)
 
-    def lstm(xw, carry, R, Rb, P, acts):
+    def lstm(xw, carry, R, Rb, P, acts, product):
         h, c = carry
         f, g, act_h = acts
-        gi, go, gf, gc = jnp.split(xw + h @ R.T, 4, axis=-1)
+        gi, go, gf, gc = jnp.split(xw + product(h, R), 4, axis=-1)
         pi, po, pf = (None, None, None) if P is None else jnp.split(P, 3)
         i = f(clipped(gi if P is None else gi + pi * c))
         if input_forget:
@@ -329,8 +352,8 @@ def rnn_v14(
     if direction != "bidirectional" and len(activations) == 2:
         # The schema's default lists two functions even for one direction: the first applies.
         activations = activations[:1]
-    return _recurrent(
-        ctx, _RNN, X, W, R, B, sequence_lens, initial_h,
+    return recurrent(
+        ctx, RNN, X, W, R, B, sequence_lens, initial_h,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         layout=layout,
@@ -408,8 +431,8 @@ def gru_v14(
     linear_before_reset=0,
 ):
     """ONNX GRU-14..22: update/reset/hidden gates (zrh); layout 1 puts batch first."""
-    return _recurrent(
-        ctx, _GRU, X, W, R, B, sequence_lens, initial_h,
+    return recurrent(
+        ctx, GRU, X, W, R, B, sequence_lens, initial_h,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         layout=layout, linear_before_reset=linear_before_reset,
@@ -519,8 +542,8 @@ def lstm_v14(
 ):
     """ONNX LSTM-14..22: input/output/forget/cell gates (iofc), peepholes P; layout 1 puts
     batch first."""
-    return _recurrent(
-        ctx, _LSTM, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+    return recurrent(
+        ctx, LSTM, X, W, R, B, sequence_lens, initial_h, initial_c, P,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         layout=layout, input_forget=input_forget,

@@ -25,16 +25,16 @@ from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.pool import average_pool_v10
 from transmuter.lowering.ops.quantization import (
-    _INT_RANGES,
-    _divide,
-    _requantize,
+    INT_RANGES,
     dequantize_linear_v21,
+    divide,
     dynamic_quantize_linear,
     matmul_integer,
     quantize_linear_v21,
     quantize_linear_v23,
+    requantize,
 )
-from transmuter.lowering.ops.rnn import _DIRECTIONS, _LSTM, _activations, _cell, _lengths
+from transmuter.lowering.ops.rnn import LSTM, lengths, num_directions, recurrent
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
@@ -69,14 +69,14 @@ def _quantize(value, scale, zero_point, dtype):
 def _round_after_zero(value, zero_point, dtype):
     """saturate(round(value + zero_point)): ONNX Runtime's rounding where the zero point is
     added in float before rounding (QLinearAdd, QLinearMul, QLinearAveragePool)."""
-    low, high = _INT_RANGES[np.dtype(dtype)]
+    low, high = INT_RANGES[np.dtype(dtype)]
     value = jnp.round(value + _zero(zero_point, dtype).astype(_F32))
     return jnp.clip(value, low, high).astype(dtype)
 
 
 def _ratio(numerator, denominator):
     """numerator / denominator of two per-tensor scales, an IEEE float32 division."""
-    return _divide(_scalar(numerator, "a scale"), _scalar(denominator, "C_scale"), _F32)
+    return divide(_scalar(numerator, "a scale"), _scalar(denominator, "C_scale"), _F32)
 
 
 @op("QuantizeLinear", since=1, domain=MS)
@@ -161,10 +161,10 @@ def qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, *, axis=-1,
     high = jnp.max(values, axis=axis, keepdims=True, initial=np.iinfo(np.int32).min)
     exps = jnp.exp((values - high).astype(_F32) * _scalar(X_scale, "X_scale"))
     total = jnp.sum(exps, axis=axis, keepdims=True)
-    multiplier = jnp.floor(_divide(jnp.float32(1), _scalar(y_scale, "y_scale"), _F32))
-    value = _divide(exps * multiplier, total, _F32)
+    multiplier = jnp.floor(divide(jnp.float32(1), _scalar(y_scale, "y_scale"), _F32))
+    value = divide(exps * multiplier, total, _F32)
     zero = _scalar(y_zero_point, "y_zero_point")
-    low, top = _INT_RANGES[np.dtype(x.dtype)]
+    low, top = INT_RANGES[np.dtype(x.dtype)]
     y = jnp.clip(jnp.round(value) + zero.astype(_F32), low, top).astype(x.dtype)
     return y.reshape(shape)
 
@@ -206,7 +206,7 @@ def qlinear_average_pool(
         pads=pads,
         strides=strides,
     )
-    mean = _divide(mean, _scalar(y_scale, "y_scale"), _F32)
+    mean = divide(mean, _scalar(y_scale, "y_scale"), _F32)
     return _channels_back(_round_after_zero(mean, y_zero_point, x.dtype), channels_last)
 
 
@@ -223,10 +223,10 @@ def qlinear_global_average_pool(
     count = math.prod(x.shape[a] for a in axes)
     shifted = x.astype(jnp.int32) - _zero(x_zero_point, x.dtype).astype(jnp.int32)
     acc = jnp.sum(shifted, axis=axes, keepdims=True)
-    multiplier = _divide(
+    multiplier = divide(
         _scalar(x_scale, "x_scale"), _scalar(y_scale, "y_scale") * jnp.float32(count), _F32
     )
-    return _requantize(acc, multiplier, _zero(y_zero_point, x.dtype))
+    return requantize(acc, multiplier, _zero(y_zero_point, x.dtype))
 
 
 @op("QLinearReduceMean", since=1, domain=MS)
@@ -301,10 +301,10 @@ def qgemm(
         acc = acc + jnp.broadcast_to(jnp.asarray(C).astype(jnp.int32), acc.shape)
     multiplier = jnp.float32(alpha) * _scalar(a_scale, "a_scale") * jnp.asarray(b_scale)
     if y_scale is not None:
-        multiplier = _divide(multiplier, _scalar(y_scale, "y_scale"), _F32)
+        multiplier = divide(multiplier, _scalar(y_scale, "y_scale"), _F32)
     if y_zero_point is None:
         return acc.astype(_F32) * multiplier
-    return _requantize(acc, multiplier, _scalar(y_zero_point, "y_zero_point"))
+    return requantize(acc, multiplier, _scalar(y_zero_point, "y_zero_point"))
 
 
 def _scaled_product(acc, a_scale, b_scale, bias, dtype):
@@ -365,8 +365,9 @@ def _lstm_weights(w, scale, zero_point, num_dir: int, what: str):
     return jnp.swapaxes((w.astype(_F32) - zero) * scale, 1, 2)
 
 
-@op("DynamicQuantizeLSTM", since=1, domain=MS)
+@op("DynamicQuantizeLSTM", since=1, domain=MS, context=True)
 def dynamic_quantize_lstm(
+    ctx,
     X,
     W,
     R,
@@ -396,10 +397,7 @@ def dynamic_quantize_lstm(
     before its product with R. (With more threads ONNX Runtime quantizes the hidden state per
     chunk of the batch, so its results depend on its thread count, by about 1e-3.)
     """
-    if direction not in _DIRECTIONS:
-        raise ValueError(f"direction must be one of {sorted(_DIRECTIONS)}, got {direction!r}")
-    num_dir = _DIRECTIONS[direction]
-    acts = _activations(_LSTM, num_dir, activations, activation_alpha, activation_beta)
+    num_dir = num_directions(direction)
     x = jnp.asarray(X).astype(_F32)
     if x.ndim != 3:
         raise ShapeError(f"DynamicQuantizeLSTM: X must be 3-D, got {list(x.shape)}")
@@ -412,73 +410,21 @@ def dynamic_quantize_lstm(
             f"DynamicQuantizeLSTM: W {list(jnp.shape(W))} and R {list(jnp.shape(R))} do not "
             f"fit X {list(x.shape)} (W: [D, input, 4H], R: [D, H, 4H])"
         )
-    if hidden_size is not None and hidden_size != hidden:
-        raise ShapeError(f"DynamicQuantizeLSTM: hidden_size is {hidden_size}, R has {hidden}")
-    bias = jnp.zeros((num_dir, 4 * hidden), _F32)
-    if B is not None:
-        wb, rb = jnp.split(jnp.asarray(B).astype(_F32).reshape(num_dir, 8 * hidden), 2, -1)
-        bias = wb + rb
-    peep = None if P is None else jnp.asarray(P).astype(_F32).reshape(num_dir, 3 * hidden)
-
-    def state(value, name):
-        if value is None:
-            return jnp.zeros((num_dir, batch, hidden), _F32)
-        if tuple(jnp.shape(value)) != (num_dir, batch, hidden):
-            raise ShapeError(
-                f"DynamicQuantizeLSTM: {name} must be {[num_dir, batch, hidden]}, got "
-                f"{list(jnp.shape(value))}"
-            )
-        return jnp.asarray(value).astype(_F32)
-
-    h0, c0 = state(initial_h, "initial_h"), state(initial_c, "initial_c")
-    lens = _lengths(sequence_lens, steps, batch)
-    t = jnp.arange(steps, dtype=jnp.int32)[:, None]
-    valid = None if lens is None else t < lens[None, :]
+    lens = lengths(sequence_lens, steps, batch)
     if lens is not None:
         # Steps past the longest sequence are left out of X's range (0 is in it anyway).
-        x = jnp.where((t < jnp.max(lens))[..., None], x, 0.0)
-    projected = jnp.einsum("tbi,dgi->dtbg", _fake_quantize(x), w) + bias[:, None, None, :]
-    order = None if lens is None else jnp.where(valid, lens[None, :] - 1 - t, t)
+        x = jnp.where((jnp.arange(steps, dtype=jnp.int32) < jnp.max(lens))[:, None, None], x, 0.0)
 
-    def to_step_order(seq, d):
-        if direction != "reverse" and d == 0:
-            return seq
-        if order is None:
-            return jnp.flip(seq, 0)
-        return jnp.take_along_axis(seq, order.reshape(order.shape + (1,) * (seq.ndim - 2)), 0)
+    def quantized_product(h, R, step):
+        # ONNX Runtime zeroes a sequence's state once it has ended, so the hidden state quantized
+        # at a step holds zeros for sequences that ended before the previous step.
+        if lens is not None:
+            h = jnp.where((step <= lens)[:, None], h, 0.0)
+        return _fake_quantize(h) @ R.T
 
-    xs = tuple(to_step_order(projected[d], d) for d in range(num_dir))
-    cell = _cell(_LSTM, clip, input_forget, 0)
-
-    # ONNX Runtime zeroes a sequence's state once it has ended, so the hidden state quantized at
-    # a step holds zeros for sequences that ended before the previous step.
-    counted = None if lens is None else t <= lens[None, :]
-
-    def body(carry, inputs):
-        xw, mask, count = inputs
-        new_carry, ys = [], []
-        for d in range(num_dir):
-            h, c = carry[d]
-            # h only enters the cell through h @ Rᵀ, the product ONNX Runtime quantizes.
-            hq = _fake_quantize(h if count is None else jnp.where(count[:, None], h, 0.0))
-            p = None if peep is None else peep[d]
-            new = cell(xw[d], (hq, c), r[d], None, p, acts[d])
-            if mask is not None:
-                new = tuple(jnp.where(mask[:, None], n, o) for n, o in zip(new, carry[d]))
-                ys.append(jnp.where(mask[:, None], new[0], 0.0))
-            else:
-                ys.append(new[0])
-            new_carry.append(new)
-        return tuple(new_carry), tuple(ys)
-
-    init = tuple((h0[d], c0[d]) for d in range(num_dir))
-    final, ys = jax.lax.scan(body, init, (xs, valid, counted))
-    # As the ai.onnx LSTM: a zero state, not the initial one, for an empty sequence.
-    if steps == 0:
-        final = jax.tree.map(jnp.zeros_like, final)
-    elif lens is not None:
-        final = tuple(tuple(jnp.where(lens[:, None] > 0, s, 0.0) for s in f) for f in final)
-    y = jnp.stack([to_step_order(ys[d], d) for d in range(num_dir)], axis=1)
-    y_h = jnp.stack([f[0] for f in final])
-    y_c = jnp.stack([f[1] for f in final])
-    return y, y_h, y_c
+    return recurrent(
+        ctx, LSTM, _fake_quantize(x), w, r, B, sequence_lens, initial_h, initial_c, P,
+        activation_alpha=activation_alpha, activation_beta=activation_beta,
+        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
+        layout=0, input_forget=input_forget, recurrent_product=quantized_product,
+    )  # fmt: skip
