@@ -399,14 +399,51 @@ def _shifted(x, zero, int_path: bool):
     return value
 
 
+def integer_magnitude(dtype, shifted: bool) -> int:
+    """The largest |x| for x of integer `dtype`, or of x - zero_point when `shifted`."""
+    low, high = INT_RANGES.get(np.dtype(dtype), (None, None))
+    if low is None:
+        info = np.iinfo(dtype)
+        low, high = int(info.min), int(info.max)
+    return high - low if shifted else max(-low, high)
+
+
+# Every integer below 2^24 is a float32, so a float32 dot of integer operands is exact while its
+# sums stay below that. XLA:CPU's float32 GEMM is several times faster than its int32 dot (3.8 ms
+# vs 0.9 ms for 128x384 @ 384x1536), so the contraction is cut into chunks short enough to be
+# exact in float32, and the chunks' exact results are added in int32.
+_EXACT_FLOAT32 = 1 << 24
+
+
+def integer_matmul(lhs, rhs, lhs_magnitude: int, rhs_magnitude: int):
+    """lhs @ rhs of int32 operands bounded by the given magnitudes, exactly, in int32."""
+    depth = lhs.shape[-1]
+    chunk = 1 << ((_EXACT_FLOAT32 // (lhs_magnitude * rhs_magnitude)).bit_length() - 1)
+    if chunk < 16 or not isinstance(depth, int):
+        return jnp.matmul(lhs, rhs, preferred_element_type=jnp.int32)
+    total = None
+    for start in range(0, max(depth, 1), chunk):
+        part = jnp.matmul(
+            lhs[..., start : start + chunk].astype(jnp.float32),
+            (rhs[start : start + chunk] if rhs.ndim == 1 else rhs[..., start : start + chunk, :])
+            .astype(jnp.float32),
+            precision=lax.Precision.HIGHEST,
+        ).astype(jnp.int32)
+        total = part if total is None else total + part
+    return total
+
+
 @op("MatMulInteger", since=10)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """ONNX MatMulInteger-10: (A - a_zero_point) @ (B - b_zero_point) accumulated in int32."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     za = None if a_zero_point is None else _row_zero(a_zero_point, a, "MatMulInteger a_zero_point")
     zb = None if b_zero_point is None else _col_zero(b_zero_point, b, "MatMulInteger b_zero_point")
-    return jnp.matmul(
-        _shifted(a, za, True), _shifted(b, zb, True), preferred_element_type=jnp.int32
+    return integer_matmul(
+        _shifted(a, za, True),
+        _shifted(b, zb, True),
+        integer_magnitude(a.dtype, za is not None),
+        integer_magnitude(b.dtype, zb is not None),
     )
 
 
@@ -432,7 +469,9 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     lhs = _shifted(a, _row_zero(a_zero_point, a, "QLinearMatMul a_zero_point"), int_path)
     rhs = _shifted(b, _col_zero(b_zero_point, b, "QLinearMatMul b_zero_point"), int_path)
     if int_path:
-        acc = jnp.matmul(lhs, rhs, preferred_element_type=jnp.int32)
+        acc = integer_matmul(
+            lhs, rhs, integer_magnitude(a.dtype, True), integer_magnitude(b.dtype, True)
+        )
     else:
         acc = jnp.matmul(lhs, rhs, precision=lax.Precision.HIGHEST)
     a_scale = _to_float(_row_zero(a_scale, a, "QLinearMatMul a_scale"))
