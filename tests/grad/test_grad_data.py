@@ -10,15 +10,12 @@ tie or changes under a step. Floor, Round and Sign are checked to give JAX's zer
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from grad_harness import check_gradients, graph_model, node_model
-from onnx import helper
+from onnx import TensorProto, helper
 
 import transmuter
-from transmuter.errors import HostValueNeeded, NodeError
 
 
 def data(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
@@ -275,11 +272,13 @@ def test_gathers(name):
     check_gradients(proto, {"X": x})
 
 
-@pytest.mark.parametrize("reduction", ["none", "add"])
+@pytest.mark.parametrize("reduction", ["none", "add", "mul"])
 def test_scatter_elements(reduction):
-    # Unique positions for "none" (the spec leaves duplicates undefined); "add" writes (1, 0)
-    # and (2, 2) twice, so its backward pass must hand both updates the same gradient.
-    indices = np.array([[1, 0, 2], [0, 2, 1] if reduction == "none" else [1, 2, 2]])
+    # Unique positions for "none" (the spec leaves duplicates undefined) and "mul" (JAX has a
+    # scatter-multiply gradient only for unique host indices; test_grad_refusals.py has the
+    # repeated case); "add" writes (1, 0) and (2, 2) twice, so its backward pass must hand both
+    # updates the same gradient.
+    indices = np.array([[1, 0, 2], [1, 2, 2] if reduction == "add" else [0, 2, 1]])
     x, updates = data(3, 3), data(2, 3, seed=1)
     proto = node_model(
         "ScatterElements",
@@ -291,9 +290,9 @@ def test_scatter_elements(reduction):
     check_gradients(proto, {"X": x, "U": updates})
 
 
-@pytest.mark.parametrize("reduction", ["none", "add"])
+@pytest.mark.parametrize("reduction", ["none", "add", "mul"])
 def test_scatter_nd(reduction):
-    indices = np.array([[2], [0]]) if reduction == "none" else np.array([[2], [2]])
+    indices = np.array([[2], [2]]) if reduction == "add" else np.array([[2], [0]])
     x, updates = data(3, 4), data(2, 4, seed=1)
     proto = node_model(
         "ScatterND",
@@ -313,6 +312,23 @@ WINDOWED_POOLS = {
         {"kernel_shape": [2, 3], "pads": [1, 1, 0, 1], "strides": [2, 1]},
     ),
     "max_ceil": ("MaxPool", {"kernel_shape": [2, 2], "ceil_mode": 1, "strides": [2, 2]}),
+    # Dilated max windows are lowered as a max over kernel taps (JAX's max-window gradient has
+    # no rule for window dilation).
+    "max_dilated": ("MaxPool", {"kernel_shape": [2, 2], "dilations": [2, 1]}),
+    "max_dilated_pads_ceil": (
+        "MaxPool",
+        {
+            "kernel_shape": [2, 2],
+            "dilations": [2, 2],
+            "pads": [1, 0, 1, 1],
+            "strides": [2, 1],
+            "ceil_mode": 1,
+        },
+    ),
+    "average_dilated": (
+        "AveragePool",
+        {"kernel_shape": [2, 2], "dilations": [1, 2], "pads": [0, 1, 1, 1]},
+    ),
     "average_count_pad": (
         "AveragePool",
         {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1},
@@ -329,13 +345,6 @@ GLOBAL_POOLS = {
     "global_max": ("GlobalMaxPool", {}),
     "global_lp": ("GlobalLpPool", {"p": 3}),
 }
-# pool.py builds reduce_window's init value with jnp.array, a tracer under jax.jit, so JAX
-# does not recognise its differentiable max/sum window reductions and falls back to a generic
-# reduce_window that has no reverse-mode rule ("Linearization failed"). Eagerly the init value
-# is concrete and the gradient is right. Fix: np.array init values in pool.py (reported).
-JIT_POOL_BUG = pytest.mark.xfail(
-    strict=True, raises=NodeError, reason="pool.py's traced reduce_window init under jit"
-)
 
 
 def pool_case(table: dict, name: str):
@@ -350,9 +359,7 @@ def test_windowed_pooling_eager(name):
     check_gradients(*pool_case(WINDOWED_POOLS, name), eager=True)
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=JIT_POOL_BUG) for n in sorted(WINDOWED_POOLS)]
-)
+@pytest.mark.parametrize("name", sorted(WINDOWED_POOLS))
 def test_windowed_pooling_under_jit(name):
     check_gradients(*pool_case(WINDOWED_POOLS, name))
 
@@ -362,16 +369,15 @@ def test_global_pooling(name):
     check_gradients(*pool_case(GLOBAL_POOLS, name))
 
 
-# MaxPool's Indices output comes from one reduce_window over (value, index) pairs, which JAX
-# cannot differentiate in any mode. Fix: Y from the max reduction alone, the indices from the
-# pair reduction over lax.stop_gradient(X) (reported).
-@pytest.mark.xfail(strict=True, raises=NodeError, reason="MaxPool's (value, index) reduction")
-def test_max_pool_with_indices_output():
-    x = distinct(1, 1, 4, 4)
-    proto = node_model(
-        "MaxPool", ["X"], {"kernel_shape": [2, 2]}, outputs=["Y", "I"], inputs={"X": x}
-    )
-    check_gradients(proto, {"X": x}, eager=True)
+# With the Indices output wanted, Y still comes from the max reduction alone: JAX cannot
+# differentiate the (value, index) reduction that gives the indices.
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "jit"])
+@pytest.mark.parametrize("dilations", [[1, 1], [2, 1]], ids=["plain", "dilated"])
+def test_max_pool_with_indices_output(dilations, eager):
+    x = distinct(1, 1, 5, 4)
+    attrs = {"kernel_shape": [2, 2], "dilations": dilations}
+    proto = node_model("MaxPool", ["X"], attrs, outputs=["Y", "I"], inputs={"X": x})
+    check_gradients(proto, {"X": x}, eager=eager)
 
 
 # ---- Resize -------------------------------------------------------------------------------
@@ -420,13 +426,10 @@ def test_grid_sample_with_respect_to_image_and_grid(attrs):
     check_gradients(proto, inputs)
 
 
-# trainable=True makes every float initializer a param, Resize's scales included; under
-# jax.grad w.r.t. the params (or a caller's jax.jit) they are traced, and scales must be a host
-# value. Fix in runtime/model.py: keep initializers that a node reads as a declared host input
-# out of the params (reported).
-@pytest.mark.xfail(strict=True, raises=HostValueNeeded, reason="float scales initializer")
+# trainable=True makes float initializers params, but not those a node reads as a host input
+# (Resize's scales): traced under jax.grad w.r.t. the params, they could not decide a shape.
 def test_resize_with_scales_as_an_initializer_of_a_trainable_model():
-    x = data(1, 2, 4, 4).astype(np.float32)
+    x = data(1, 2, 4, 4)
     proto = node_model(
         "Resize",
         ["X", "", "scales"],
@@ -435,10 +438,41 @@ def test_resize_with_scales_as_an_initializer_of_a_trainable_model():
         weights={"scales": np.array([1, 1, 1.5, 2.0], np.float32)},
         opset=19,
     )
+    assert not transmuter.load(proto, trainable=True).params
+    check_gradients(proto, {"X": x})
+
+
+def test_host_read_initializer_in_a_subgraph_stays_out_of_the_params():
+    # An If branch resizes X with the outer graph's scales; W, read as data, stays a param. The
+    # other branch defines its own "scales", which does not hide the outer one from the first.
+    info = helper.make_tensor_value_info
+    resize = helper.make_graph(
+        [helper.make_node("Resize", ["X", "", "scales"], ["resized"], mode="linear")],
+        "resize",
+        [],
+        [info("resized", TensorProto.DOUBLE, None)],
+    )
+    shadow = helper.make_graph(
+        [
+            helper.make_node("Mul", ["W", "X"], ["scales"]),
+            helper.make_node("Identity", ["scales"], ["scaled"]),
+        ],
+        "shadow",
+        [],
+        [info("scaled", TensorProto.DOUBLE, None)],
+    )
+    x = data(1, 2, 3, 3)
+    proto = graph_model(
+        [
+            helper.make_node("If", ["flag"], ["R"], then_branch=resize, else_branch=shadow),
+            helper.make_node("Mul", ["R", "W"], ["Y"]),
+        ],
+        inputs={"X": x},
+        weights={"scales": np.array([1, 1, 2.0, 1.5], np.float32), "W": np.array(0.5)},
+        constants={"flag": np.array(True)},
+        opset=19,
+    )
     model = transmuter.load(proto, trainable=True)
-    assert set(model.params) == {"scales"}
-
-    def loss(params):
-        return jnp.sum(transmuter.run(model, {"X": x}, params=params)["Y"])
-
-    jax.grad(loss)(model.params)
+    assert set(model.params) == {"W"}
+    assert "scales" in model.host_constants
+    check_gradients(proto, {"X": x})

@@ -9,8 +9,6 @@ import pytest
 from grad_harness import check_gradients, node_model
 from onnx import TensorProto
 
-from transmuter.errors import NodeError
-
 MS = "com.microsoft"
 # stash_type for the normalizations that compute their statistics in float32 by default
 # (stash_type=1): float64 statistics keep the finite differences at float64 precision.
@@ -175,22 +173,7 @@ def test_rms_normalization_over_two_axes():
     check_gradients(proto, {"X": x})
 
 
-# normalization.py builds LRN's reduce_window init value with jnp.array, a tracer under
-# jax.jit, so JAX falls back to a generic window reduction with no reverse-mode rule (as in
-# pool.py; see test_grad_data.py). Eagerly the gradient is right.
-@pytest.mark.parametrize(
-    "eager",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True, raises=NodeError, reason="LRN's traced reduce_window init under jit"
-            ),
-        ),
-    ],
-    ids=["eager", "jit"],
-)
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "jit"])
 def test_lrn(eager):
     x = data(1, 4, 3)
     proto = node_model(

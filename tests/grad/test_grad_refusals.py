@@ -151,26 +151,16 @@ def test_piecewise_constant_ops_have_a_zero_gradient():
 # ---- loud limitations: differentiable ops JAX cannot differentiate as lowered --------------
 
 
-# JAX's max-pool gradient (select_and_gather_add) has no rule for window dilation: the
-# backward pass raises NotImplementedError, outside any node. Lift it with a patch-extraction
-# lowering for dilated MaxPool.
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="JAX: dilated max window VJP")
-def test_max_pool_with_dilations():
-    x = np.random.default_rng(0).permutation(40).reshape(1, 2, 5, 4) * 0.1
-    proto = node_model(
-        "MaxPool", ["X"], {"kernel_shape": [2, 2], "dilations": [2, 1]}, inputs={"X": x}
-    )
-    check_gradients(proto, {"X": x}, eager=True)
-
-
-# indexing.py scatters with `.at[].multiply` without unique_indices, for which JAX has no
-# gradient rule: NodeError naming the node. Lift it by passing unique_indices when the host
-# indices are unique, or by a log/sign formulation for duplicates.
-@pytest.mark.xfail(strict=True, raises=NodeError, reason="JAX: scatter_mul gradient")
+# JAX differentiates a scatter-multiply only with unique_indices, which indexing.py passes when
+# the host indices are unique (test_grad_data.py). Repeated (or traced) indices get no gradient
+# rule: NodeError naming the node. Lift it by a log/sign formulation for repeats.
+@pytest.mark.xfail(strict=True, raises=NodeError, reason="JAX: scatter_mul with repeated indices")
 @pytest.mark.parametrize("op_type", ["ScatterElements", "ScatterND"])
-def test_scatter_with_mul_reduction(op_type):
-    x, updates = np.arange(1.0, 7.0).reshape(2, 3), np.array([[2.0, 3.0, 0.5]])
-    indices = np.array([[1, 0, 1]]) if op_type == "ScatterElements" else np.array([[1]])
+def test_scatter_with_mul_reduction_and_repeated_indices(op_type):
+    x, updates = np.arange(1.0, 7.0).reshape(2, 3), np.array([[2.0, 3.0, 0.5], [4.0, 0.5, 2.0]])
+    indices = (
+        np.array([[1, 0, 1], [1, 1, 0]]) if op_type == "ScatterElements" else np.array([[1], [1]])
+    )
     proto = node_model(
         op_type,
         ["X", "I", "U"],

@@ -99,6 +99,26 @@ def test_max_pool_symbolic_and_zero_batch(rng):
     check_node("MaxPool", {"X": _data(rng, (0, 2, 6, 6))}, attrs)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8, np.uint8])
+def test_max_pool_dilated_dtypes_without_indices(rng, dtype):
+    # Dilated windows take the max over kernel taps instead of a reduce_window (for gradients).
+    x = (rng.standard_normal((1, 2, 9, 8)) * 50).astype(dtype)
+    attrs = {"kernel_shape": [3, 2], "dilations": [2, 3], "strides": [2, 1], "pads": [1, 1, 2, 0]}
+    check_node("MaxPool", {"X": x}, attrs, opset=22 if dtype != np.float16 else 12)
+
+
+def test_max_pool_dilated_symbolic_and_zero_batch(rng):
+    attrs = {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [2, 2], "ceil_mode": 1}
+    check_node(
+        "MaxPool",
+        {"X": _data(rng, (3, 2, 7, 7))},
+        attrs,
+        symbolic={"X": [0]},
+        outputs=["Y", "Indices"],
+    )
+    check_node("MaxPool", {"X": _data(rng, (0, 2, 7, 7))}, attrs)
+
+
 @pytest.mark.parametrize("shape, attrs", GEOMETRIES)
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_average_pool(rng, shape, attrs, count_include_pad):

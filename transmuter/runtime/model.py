@@ -29,7 +29,11 @@ class Model:
 
     inputs / outputs: the ONNX names in order. input_specs / output_specs: name -> declared type
     (`ir.TensorType` with dtype and dims, symbolic dims named as in the file). params: the
-    initializers that are arguments of the traced program (a dict pytree; `jax.grad` w.r.t. it).
+    initializers that are arguments of the traced program (a dict pytree; `jax.grad` w.r.t. it):
+    with trainable=True every initializer of a PARAM_DTYPES type, else only the large ones. An
+    initializer that a node (in a subgraph too) reads directly as a host input, such as Resize's
+    scales, is never a param but a host constant, even when trainable: traced, it could not
+    decide a shape.
     origin: what the model was loaded from, as the front end recorded it for `transmuter.save`
     (opaque here; None for a model not loaded by `transmuter.load`).
     """
@@ -48,8 +52,11 @@ class Model:
         self.output_specs: dict[str, ir.ValueType | None] = {v.name: v.type for v in graph.outputs}
         self.plan = Plan.build(graph, model.opsets)
         params, device_constants, host_constants = {}, {}, {}
+        host_reads = _host_reads(self.plan)
         for name, array in graph.initializers.items():
-            if array.dtype in PARAM_DTYPES and (trainable or array.size > PARAM_MIN_SIZE):
+            if name in host_reads:
+                host_constants[name] = np.asarray(array)
+            elif array.dtype in PARAM_DTYPES and (trainable or array.size > PARAM_MIN_SIZE):
                 params[name] = array
             elif array.size >= DEVICE_CONSTANT_MIN_SIZE and array.dtype != object:
                 device_constants[name] = array
@@ -96,6 +103,21 @@ class Model:
 
     def _spec_list(self) -> str:
         return ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
+
+
+def _host_reads(plan: Plan) -> set[str]:
+    """The names that the plan's nodes, subgraphs included, read as host inputs (every input of
+    a data-dependent op); a name a subgraph defines itself is its own value, not the outer one."""
+    found: set[str] = set()
+    for step in plan.steps:
+        node, opdef = step.node, step.opdef
+        needs = range(len(node.inputs)) if opdef.data_dependent else opdef.host_inputs
+        found.update(node.inputs[i] for i in needs if i < len(node.inputs) and node.inputs[i])
+        for sub in ir.subgraphs(node):
+            local = {v.name for v in sub.inputs} | set(sub.initializers)
+            local.update(name for inner in sub.nodes for name in inner.outputs)
+            found.update(_host_reads(plan.subplans[id(sub)]) - local)
+    return found
 
 
 def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:

@@ -116,8 +116,9 @@ def gather_nd(ctx, data, indices, *, batch_dims=0):
 # ---------------------------------------------------------------------------------- scattering
 
 
-def _update(data, index: tuple, updates, reduction: str, reductions: tuple[str, ...]):
-    """A copy of `data` with `updates` written (or reduced) at `index`."""
+def _update(data, index: tuple, updates, reduction: str, reductions: tuple[str, ...], unique: bool):
+    """A copy of `data` with `updates` written (or reduced) at `index`; `unique` says that no
+    two updates address one element."""
     if reduction not in reductions:
         raise ValueError(
             f"reduction {reduction!r} is not supported at this opset; expected one of {list(reductions)}"
@@ -129,8 +130,38 @@ def _update(data, index: tuple, updates, reduction: str, reductions: tuple[str, 
         out[index] = updates
         return out
     ref = jnp.asarray(data).at[index]
-    apply = {"none": ref.set, "add": ref.add, "mul": ref.multiply, "max": ref.max, "min": ref.min}
+    if reduction == "mul":
+        # JAX differentiates a scatter-multiply only when told its indices are unique.
+        return ref.multiply(updates, unique_indices=unique)
+    apply = {"none": ref.set, "add": ref.add, "max": ref.max, "min": ref.min}
     return apply[reduction](updates)
+
+
+def _host_wrapped(indices, sizes):
+    """Host indices (the last axis running over `sizes`) with negatives made positive, or None
+    when the indices are traced or a size is symbolic."""
+    if not isinstance(indices, np.ndarray) or not all(isinstance(n, int) for n in sizes):
+        return None
+    sizes = np.array(sizes, indices.dtype)
+    return np.where(indices < 0, indices + sizes, indices)
+
+
+def _unique_along(indices, axis: int, size) -> bool:
+    """Whether host ScatterElements indices address distinct elements: two can only collide
+    within one fiber along `axis`."""
+    wrapped = _host_wrapped(indices[..., None], (size,))
+    if wrapped is None:
+        return False
+    return bool(np.all(np.diff(np.sort(wrapped[..., 0], axis=axis), axis=axis)))
+
+
+def _unique_tuples(indices, sizes) -> bool:
+    """Whether host ScatterND index tuples (the last axis of `indices`) are distinct."""
+    wrapped = _host_wrapped(indices, sizes)
+    if wrapped is None:
+        return False
+    rows = wrapped.reshape(math.prod(indices.shape[:-1]), len(sizes))
+    return len(np.unique(rows, axis=0)) == len(rows)
 
 
 def _scatter_elements(data, indices, updates, axis: int, reduction: str, reductions):
@@ -149,7 +180,8 @@ def _scatter_elements(data, indices, updates, axis: int, reduction: str, reducti
             shape = [1] * data.ndim
             shape[d] = n
             index.append(xp.reshape(xp.arange(n, dtype=indices.dtype), shape))
-    return _update(data, tuple(index), updates, reduction, reductions)
+    unique = reduction == "mul" and _unique_along(indices, axis, data.shape[axis])
+    return _update(data, tuple(index), updates, reduction, reductions, unique)
 
 
 @op("Scatter", since=(9, 11), context=True)
@@ -188,7 +220,8 @@ def _scatter_nd(data, indices, updates, reduction: str, reductions):
     index = tuple(
         _wrap(xp, indices[..., j], data.shape[j], f"ScatterND indices[..., {j}]") for j in range(k)
     )
-    return _update(data, index, updates, reduction, reductions)
+    unique = reduction == "mul" and _unique_tuples(indices, data.shape[:k])
+    return _update(data, index, updates, reduction, reductions, unique)
 
 
 @op("ScatterND", since=(11, 13), context=True)

@@ -280,7 +280,9 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
     before = (size - 1) // 2
     square_sum = lax.reduce_window(
         data * data,
-        jnp.array(0, data.dtype),
+        # A numpy init value: a jnp one is a tracer under jit, and JAX then picks a generic
+        # window reduction that has no reverse-mode rule.
+        np.array(0, data.dtype),
         lax.add,
         window_dimensions=(1, size) + (1,) * (x.ndim - 2),
         window_strides=(1,) * x.ndim,

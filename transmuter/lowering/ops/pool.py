@@ -8,6 +8,7 @@ counted as data or as padding.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -52,11 +53,15 @@ class _Windows:
             # max_dim: the window count may be a jax.export symbolic dim (exporting).
             self.extra.append(jax.core.max_dim((out - 1) * s + w - (n + lo + hi), 0))
 
+    def padding(self):
+        """(lo, hi) per spatial axis: the explicit pads plus ceil_mode's extra end padding."""
+        return tuple((lo, hi + e) for (lo, hi), e in zip(self.explicit, self.extra, strict=True))
+
     def reduce(self, x, init, computation, padding=None):
+        # init must be a numpy scalar: a jnp one is a tracer under jit, and JAX then picks a
+        # generic window reduction instead of its max/add ones, which have gradients.
         if padding is None:
-            padding = tuple(
-                (lo, hi + e) for (lo, hi), e in zip(self.explicit, self.extra, strict=True)
-            )
+            padding = self.padding()
         return lax.reduce_window(
             x,
             init,
@@ -70,7 +75,7 @@ class _Windows:
     def counts(self, spatial, include_pad: bool, dtype):
         """How many elements each window averages: data only, or data and explicit pads."""
         ones = jnp.ones((1, 1) + tuple(spatial), dtype)
-        zero = jnp.array(0, dtype)
+        zero = np.array(0, dtype)
         if not include_pad:
             return self.reduce(ones, zero, lax.add)
         ones = jnp.pad(ones, ((0, 0), (0, 0)) + self.explicit, constant_values=1)
@@ -82,12 +87,41 @@ def _lowest(dtype):
     return -np.inf if dtype.kind == "f" or dtype == jnp.bfloat16 else np.iinfo(dtype).min
 
 
+def _max_by_taps(x, init, windows):
+    """The max over dilated windows as the max of one strided slice of the padded input per
+    kernel tap: JAX has no reverse-mode rule for a dilated max reduce_window."""
+    padded = lax.pad(
+        x, init, ((0, 0, 0), (0, 0, 0)) + tuple((lo, hi, 0) for lo, hi in windows.padding())
+    )
+    n, c, *sizes = padded.shape
+    # The window count reduce_window gives for this padding, so both paths agree exactly.
+    outs = [
+        max((size - (k - 1) * d - 1) // s + 1, 0)
+        for size, k, s, d in zip(
+            sizes, windows.kernel, windows.strides, windows.dilations, strict=True
+        )
+    ]
+    if 0 in outs:
+        return jnp.zeros((n, c, *outs), x.dtype)
+    y = None
+    for tap in itertools.product(*(range(k) for k in windows.kernel)):
+        start = [t * d for t, d in zip(tap, windows.dilations, strict=True)]
+        limit = [b + (o - 1) * s + 1 for b, o, s in zip(start, outs, windows.strides, strict=True)]
+        window = lax.slice(padded, (0, 0, *start), (n, c, *limit), (1, 1, *windows.strides))
+        y = window if y is None else lax.max(y, window)
+    return y
+
+
 def _max_pool(x, indices: bool, storage_order: int, **geometry):
     x = jnp.asarray(x)
     windows = _Windows("MaxPool", x, **geometry)
-    init = jnp.array(_lowest(x.dtype), x.dtype)
+    init = np.array(_lowest(x.dtype), x.dtype)
+    if any(d != 1 for d in windows.dilations):
+        y = _max_by_taps(x, init, windows)
+    else:
+        y = windows.reduce(x, init, lax.max)
     if not indices:
-        return windows.reduce(x, init, lax.max)
+        return y
     spatial = x.shape[2:]
     size = math.prod(spatial)
     flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int64).reshape(spatial), x.shape)
@@ -97,7 +131,11 @@ def _max_pool(x, indices: bool, storage_order: int, **geometry):
         take_b = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
         return jnp.where(take_b, b[0], a[0]), jnp.where(take_b, b[1], a[1])
 
-    y, row_major = windows.reduce((x, flat), (init, jnp.array(np.iinfo(np.int64).max)), pick)
+    # JAX cannot differentiate a (value, index) reduction: Y comes from the max alone above,
+    # and the indices, which have no gradient, from the pair reduction of a constant X.
+    _, row_major = windows.reduce(
+        (lax.stop_gradient(x), flat), (init, np.array(np.iinfo(np.int64).max)), pick
+    )
     if storage_order == 1:
         coords = jnp.unravel_index(row_major, spatial)
         steps = np.cumprod((1,) + spatial[:-1])
@@ -152,7 +190,7 @@ def _average_pool(x, count_include_pad, **geometry):
     x = jnp.asarray(x)
     windows = _Windows("AveragePool", x, **geometry)
     dtype = accumulator(x.dtype) or x.dtype
-    total = windows.reduce(x.astype(dtype), jnp.array(0, dtype), lax.add)
+    total = windows.reduce(x.astype(dtype), np.array(0, dtype), lax.add)
     counts = windows.counts(x.shape[2:], bool(count_include_pad), dtype)
     return (total / counts).astype(x.dtype)
 
@@ -214,7 +252,7 @@ def _lp(x, p, reduce):
 
 def _lp_pool(x, p, **geometry):
     windows = _Windows("LpPool", jnp.asarray(x), **geometry)
-    return _lp(x, p, lambda v, dtype: windows.reduce(v, jnp.array(0, dtype), lax.add))
+    return _lp(x, p, lambda v, dtype: windows.reduce(v, np.array(0, dtype), lax.add))
 
 
 @op("LpPool", since=1)
