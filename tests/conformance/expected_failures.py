@@ -52,4 +52,13 @@ NONDETERMINISTIC: dict[str, str] = {
         "XLA:CPU's multithreaded Eigen path gives NaN at random on this model's ~1e10 "
         "activations (deterministic and correct with --xla_cpu_multi_thread_eigen=false)"
     ),
+    # The same kind of model: constant weights drive activations to 1.3e19. Some compiles of
+    # the whole graph (1 in 4 to 1 in 20 here, more often under load, with single-threaded
+    # Eigen too) return NaN for every class on every run of that executable; eager runs and the
+    # other compiles give the reference's 0.001. The session-1 tree showed it too once rerun in
+    # a loop, so it is XLA:CPU on this edge-of-range model, listed here rather than hidden.
+    "test_resnet50_cpu": (
+        "one XLA:CPU compile in about four returns NaN on this model's 1.3e19 activations "
+        "(constant weights); eager and other compiles match the reference"
+    ),
 }
