@@ -253,7 +253,10 @@ def markdown(report: dict) -> str:
         "model at such an opset uses the highest registered version below it; versions below the "
         "first registered one are unsupported). *Host inputs*: input index: what the op needs as a "
         "concrete value (a graph break when it is computed on the device). *Data-dep.*: output "
-        "shapes depend on input values.",
+        "shapes depend on input values. ONNX's node suite has no cases for the com.microsoft "
+        "operators (and few for ai.onnx.ml): those are tested by single-node tests against ONNX "
+        "Runtime in `tests/ops/` (`test_contrib_*.py`, `test_ml.py`), and the com.microsoft ones "
+        "also by the ORT-made variant models in `tests/fixtures/variants/`.",
         "",
         "## Implemented operators",
         "",
