@@ -16,8 +16,8 @@ missing (--force rewrites them):
   (what onnxruntime-genai's builder writes for CPU); timed in ORT only, for reference.
 
 Each (model, batch) row is timed with bench_models.bench: Transmuter load + compile + one run
-against ORT session creation (default graph optimizations) + one run, then runs alternating
-Transmuter and ORT with the same number of threads; medians, T/ORT, and each engine's median over
+against ORT session creation (default graph optimizations) + one run, then blocks of runs
+alternating between Transmuter and ORT with the same number of threads; medians, T/ORT, and each engine's median over
 its own fp32 median on that batch. Memory: file size, the weights Transmuter holds (params and
 device constants), and the peak resident memory of a fresh process that loads, compiles and runs
 the model once at batch 1 (one process per engine and model, Linux /proc; --no-rss skips them).

@@ -399,38 +399,49 @@ def _shifted(x, zero, int_path: bool):
     return value
 
 
-def integer_magnitude(dtype, shifted: bool) -> int:
-    """The largest |x| for x of integer `dtype`, or of x - zero_point when `shifted`."""
-    low, high = INT_RANGES.get(np.dtype(dtype), (None, None))
-    if low is None:
-        info = np.iinfo(dtype)
-        low, high = int(info.min), int(info.max)
-    return high - low if shifted else max(-low, high)
+_EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
-# Every integer below 2^24 is a float32, so a float32 dot of integer operands is exact while its
-# sums stay below that. XLA:CPU's float32 GEMM is several times faster than its int32 dot (3.8 ms
-# vs 0.9 ms for 128x384 @ 384x1536), so the contraction is cut into chunks short enough to be
-# exact in float32, and the chunks' exact results are added in int32.
-_EXACT_FLOAT32 = 1 << 24
+def _as_int8(x):
+    """8-bit x as int8 and the offset that restores it (uint8 x = int8 value + 128)."""
+    if x.dtype == np.int8:
+        return x, 0
+    return (x.astype(jnp.int16) - 128).astype(jnp.int8), 128
 
 
-def integer_matmul(lhs, rhs, lhs_magnitude: int, rhs_magnitude: int):
-    """lhs @ rhs of int32 operands bounded by the given magnitudes, exactly, in int32."""
-    depth = lhs.shape[-1]
-    chunk = 1 << ((_EXACT_FLOAT32 // (lhs_magnitude * rhs_magnitude)).bit_length() - 1)
-    if chunk < 16 or not isinstance(depth, int):
-        return jnp.matmul(lhs, rhs, preferred_element_type=jnp.int32)
-    total = None
-    for start in range(0, max(depth, 1), chunk):
-        part = jnp.matmul(
-            lhs[..., start : start + chunk].astype(jnp.float32),
-            (rhs[start : start + chunk] if rhs.ndim == 1 else rhs[..., start : start + chunk, :])
-            .astype(jnp.float32),
-            precision=lax.Precision.HIGHEST,
-        ).astype(jnp.int32)
-        total = part if total is None else total + part
-    return total
+def integer_matmul(a, b, a_zero=None, b_zero=None):
+    """(a - a_zero) @ (b - b_zero), exactly, in int32. a_zero broadcasts over a's rows (a scalar
+    or (..., M, 1)), b_zero over b's columns (a scalar or (..., N)).
+
+    For 8-bit matrices this is an int8 x int8 -> int32 dot, which XLA:CPU runs several times
+    faster than an int32 dot (0.31 ms vs 3.8 ms for 128x384 @ 384x1536; float32: 0.52 ms), with
+    the zero points applied afterwards through row and column sums:
+    (a - za)(b - zb) = ab - zb * rowsum(a) - za * colsum(b) + K * za * zb. int32 arithmetic
+    wraps, so the result is exact whenever the true result fits in int32."""
+    if a.dtype not in _EIGHT_BIT or b.dtype not in _EIGHT_BIT or a.ndim < 2 or b.ndim < 2:
+        return jnp.matmul(
+            _shifted(a, a_zero, True), _shifted(b, b_zero, True), preferred_element_type=jnp.int32
+        )
+    a8, a_offset = _as_int8(a)
+    b8, b_offset = _as_int8(b)
+    # a - za = a8 - (za - a_offset), and the same for b.
+    za = _offset_zero(a_zero, a_offset)
+    zb = _offset_zero(b_zero, b_offset)
+    acc = jnp.matmul(a8, b8, preferred_element_type=jnp.int32)
+    if zb is not None:
+        acc = acc - zb * jnp.sum(a8, axis=-1, keepdims=True, dtype=jnp.int32)
+    if za is not None:
+        acc = acc - za * jnp.sum(b8, axis=-2, keepdims=True, dtype=jnp.int32)
+    if za is not None and zb is not None:
+        acc = acc + a.shape[-1] * za * zb
+    return acc
+
+
+def _offset_zero(zero, offset: int):
+    """zero - offset in int32, or None when that is 0 for certain."""
+    if zero is None:
+        return None if offset == 0 else jnp.int32(-offset)
+    return jnp.asarray(zero).astype(jnp.int32) - offset
 
 
 @op("MatMulInteger", since=10)
@@ -439,12 +450,7 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     a, b = jnp.asarray(a), jnp.asarray(b)
     za = None if a_zero_point is None else _row_zero(a_zero_point, a, "MatMulInteger a_zero_point")
     zb = None if b_zero_point is None else _col_zero(b_zero_point, b, "MatMulInteger b_zero_point")
-    return integer_matmul(
-        _shifted(a, za, True),
-        _shifted(b, zb, True),
-        integer_magnitude(a.dtype, za is not None),
-        integer_magnitude(b.dtype, zb is not None),
-    )
+    return integer_matmul(a, b, za, zb)
 
 
 def requantize(acc, multiplier, y_zero_point):
@@ -465,15 +471,14 @@ def requantize(acc, multiplier, y_zero_point):
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
     """ONNX QLinearMatMul-10/21: quantized matmul; 21 adds float8 types and half scales."""
     a, b = jnp.asarray(a), jnp.asarray(b)
-    int_path = a.dtype.kind in "iu" and b.dtype.kind in "iu"
-    lhs = _shifted(a, _row_zero(a_zero_point, a, "QLinearMatMul a_zero_point"), int_path)
-    rhs = _shifted(b, _col_zero(b_zero_point, b, "QLinearMatMul b_zero_point"), int_path)
-    if int_path:
-        acc = integer_matmul(
-            lhs, rhs, integer_magnitude(a.dtype, True), integer_magnitude(b.dtype, True)
-        )
+    za = _row_zero(a_zero_point, a, "QLinearMatMul a_zero_point")
+    zb = _col_zero(b_zero_point, b, "QLinearMatMul b_zero_point")
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        acc = integer_matmul(a, b, za, zb)
     else:
-        acc = jnp.matmul(lhs, rhs, precision=lax.Precision.HIGHEST)
+        acc = jnp.matmul(
+            _shifted(a, za, False), _shifted(b, zb, False), precision=lax.Precision.HIGHEST
+        )
     a_scale = _to_float(_row_zero(a_scale, a, "QLinearMatMul a_scale"))
     b_scale = _to_float(_col_zero(b_scale, b, "QLinearMatMul b_scale"))
     # The shape of a per-row scale is (..., M, 1) and of a per-column one (..., 1, N) or (N,):

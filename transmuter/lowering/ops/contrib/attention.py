@@ -20,7 +20,7 @@ from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.attention import rotary_embedding as _rotary_v23
 from transmuter.lowering.ops.conv import accumulator
-from transmuter.lowering.ops.quantization import integer_magnitude, integer_matmul
+from transmuter.lowering.ops.quantization import integer_matmul
 
 DEFAULT_MASK_FILTER = -10000.0
 
@@ -370,12 +370,6 @@ def attention(
     )
 
 
-def _centered(x, zero_point):
-    """x - zero_point in int32, where 8-bit differences are exact."""
-    x = jnp.asarray(x).astype(np.int32)
-    return x if zero_point is None else x - jnp.asarray(zero_point).astype(np.int32)
-
-
 @op("QAttention", since=1, domain="com.microsoft", context=True)
 def q_attention(
     ctx,
@@ -417,14 +411,14 @@ def q_attention(
     _check_vector("QAttention", "bias", bias, (w.shape[1],))
     dtype = bias.dtype
     acc = compute_dtype(dtype)
-    magnitudes = (
-        integer_magnitude(x.dtype, input_zero_point is not None),
-        integer_magnitude(w.dtype, weight_zero_point is not None),
-    )
-    x, w = _centered(x, input_zero_point), _centered(w, weight_zero_point)
     factor = x_scale.reshape(()).astype(acc) * w_scale.astype(acc)
     # The integer product is exact in int32, as in ONNX Runtime; the scales apply afterwards.
-    product = integer_matmul(x, w, *magnitudes)
+    product = integer_matmul(
+        x,
+        w,
+        None if input_zero_point is None else jnp.asarray(input_zero_point).reshape(()),
+        None if weight_zero_point is None else jnp.asarray(weight_zero_point).reshape(-1),
+    )
     qkv = (product.astype(acc) * factor + bias.astype(acc)).astype(dtype)
     q, k, v = jnp.split(qkv, 3, axis=-1)
     return _packed_self_attention(
