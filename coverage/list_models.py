@@ -10,12 +10,10 @@ status and the largest absolute error against ONNX Runtime.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import cases
-from print_matrix import MARKS, by_task, status_of
+from print_matrix import MARKS, by_task, report_main, status_of
 
 
 def size_text(size: int) -> str:
@@ -45,16 +43,7 @@ def table(manifest: dict, results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", type=Path, help="folder written by record_references.py")
-    parser.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
-    args = parser.parse_args(argv)
-    text = table(cases.read_manifest(args.cases), cases.read_results(args.cases))
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.write_text(text)
-    return 0
+    return report_main(table, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

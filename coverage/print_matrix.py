@@ -105,17 +105,23 @@ def matrix(manifest: dict, results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def report_main(render, description: str, argv: list[str] | None) -> int:
+    """The command line of a markdown report over a cases folder: `render(manifest, results)`
+    printed, or written to --out."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("cases", type=Path, help="folder written by record_references.py")
     parser.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
     args = parser.parse_args(argv)
-    text = matrix(cases.read_manifest(args.cases), cases.read_results(args.cases))
+    text = render(cases.read_manifest(args.cases), cases.read_results(args.cases))
     if args.out is None:
         sys.stdout.write(text)
     else:
         args.out.write_text(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report_main(matrix, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

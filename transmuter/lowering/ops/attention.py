@@ -118,6 +118,23 @@ def _softmax(x, dtype):
     return e / jnp.where(total == 0, jnp.asarray(1, dtype), total)
 
 
+def append_past(op_type: str, past_key, past_value, k, v):
+    """k and v (batch, heads, new, size) after the cached past_key / past_value (batch, heads,
+    past, size), and the past length; unchanged with no cache."""
+    if past_key is None:
+        return k, v, 0
+    past_key, past_value = jnp.asarray(past_key), jnp.asarray(past_value)
+    for name, cache, new in (("past_key", past_key, k), ("past_value", past_value, v)):
+        if cache.ndim != 4 or cache.shape[:2] != new.shape[:2] or cache.shape[3] != new.shape[3]:
+            raise ShapeError(
+                f"{op_type}: {name} {cache.shape} must be (batch, heads, past, head_size) "
+                f"matching {new.shape}"
+            )
+    k = jnp.concatenate([past_key.astype(k.dtype), k], axis=2)
+    v = jnp.concatenate([past_value.astype(v.dtype), v], axis=2)
+    return k, v, past_key.shape[2]
+
+
 def _attention(
     ctx,
     q,
@@ -186,22 +203,7 @@ def _attention(
         if size < -1:
             raise ValueError(f"Attention: {name} must be -1 or >= 0, got {size}")
 
-    past = 0
-    if past_key is not None:
-        past_key, past_value = jnp.asarray(past_key), jnp.asarray(past_value)
-        for name, cache, new in (("past_key", past_key, k), ("past_value", past_value, v)):
-            if (
-                cache.ndim != 4
-                or cache.shape[:2] != new.shape[:2]
-                or cache.shape[3] != new.shape[3]
-            ):
-                raise ShapeError(
-                    f"Attention: {name} {cache.shape} must be (batch, kv_heads, past, size) "
-                    f"matching {new.shape}"
-                )
-        past = past_key.shape[2]
-        k = jnp.concatenate([past_key.astype(k.dtype), k], axis=2)
-        v = jnp.concatenate([past_value.astype(v.dtype), v], axis=2)
+    k, v, past = append_past("Attention", past_key, past_value, k, v)
     present_key, present_value = k, v
     total = k.shape[2]
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
+from transmuter.lowering.ops.attention import append_past
 from transmuter.lowering.ops.attention import rotary_embedding as _rotary_v23
 from transmuter.lowering.ops.conv import accumulator
 from transmuter.lowering.ops.quantization import integer_matmul
@@ -542,22 +543,7 @@ def multi_head_attention(
     q, k, v = _mha_inputs(query, key, value, bias, num_heads)
     if (past_key is None) != (past_value is None):
         raise ValueError("MultiHeadAttention: past_key and past_value must be given together")
-    past = 0
-    if past_key is not None:
-        past_key, past_value = jnp.asarray(past_key), jnp.asarray(past_value)
-        for name, cache, new in (("past_key", past_key, k), ("past_value", past_value, v)):
-            if (
-                cache.ndim != 4
-                or cache.shape[:2] != new.shape[:2]
-                or cache.shape[3] != new.shape[3]
-            ):
-                raise ShapeError(
-                    f"MultiHeadAttention: {name} must be (batch, num_heads, past_sequence, "
-                    f"head_size) matching {new.shape}, got {cache.shape}"
-                )
-        past = past_key.shape[2]
-        k = jnp.concatenate([past_key.astype(k.dtype), k], axis=2)
-        v = jnp.concatenate([past_value.astype(v.dtype), v], axis=2)
+    k, v, past = append_past("MultiHeadAttention", past_key, past_value, k, v)
     # A causal mask aligns query i with key past + i; ONNX Runtime's CPU kernel gives
     # inconsistent rows when the query and new key lengths differ (cross attention).
     out, scores, _ = masked_attention(
