@@ -260,3 +260,41 @@ def test_first_divergence_searches_unseeded_random_graphs_with_a_key():
     found = checking.first_divergence(model, proto, inputs, key=jax.random.key(0))
     assert (found.node, found.op_type, found.output) == ("draw", "RandomNormalLike", "noise")
     assert found.inputs == ("r",) and not found.difference.ok
+
+
+def test_a_cache_head_size_the_inputs_do_not_give_is_asked_for():
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["past_key_values.0.key"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info(
+                "past_key_values.0.key",
+                TensorProto.FLOAT,
+                ["batch", 2, "past_sequence_length", "kv_cache_dim"],
+            )
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = transmuter.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(transmuter.TransmuterError, match="--dim kv_cache_dim=SIZE"):
+        checking.example_inputs(model)
+    made = checking.example_inputs(model, config={"hidden_size": 64, "num_attention_heads": 4})
+    assert made["past_key_values.0.key"].shape == (1, 2, 0, 16)
+    made = checking.example_inputs(model, dims={"kv_cache_dim": 8})
+    assert made["past_key_values.0.key"].shape == (1, 2, 0, 8)
+
+
+def test_a_reference_failure_is_a_transmuter_error():
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inputs = {"x": np.zeros(4, np.float32), "shape": np.array([3])}
+    with pytest.raises(transmuter.TransmuterError, match="ONNX Runtime \\(the reference\\) failed"):
+        checking.reference_outputs(proto, inputs)

@@ -175,6 +175,8 @@ class _Sizes:
             size = dim if isinstance(dim, int) else self.bound.get(dim.name)
             if size is None:
                 size = self.role(kind, len(declared), axis)
+            if size is None and kind == "past" and axis == len(declared) - 1:
+                size = self.head_size(dim.name)
             if size is None:
                 size = self.by_name(_said(dim, name, axis), axis, kind)
             shape.append(size)
@@ -205,6 +207,22 @@ class _Sizes:
         if kind == "use_cache_branch":
             return 1
         return None
+
+    def head_size(self, dim: str) -> int:
+        """A cache's last dim: the attention head size, from the config or `dims` only (a
+        guess would only make the reference fail further on)."""
+        size = _config_value(self.config, "head_dim")
+        hidden = _config_value(self.config, "hidden_size")
+        heads = _config_value(self.config, "num_attention_heads")
+        if size is None and hidden and heads:
+            size = hidden // heads
+        if size is None:
+            raise TransmuterError(
+                f"the cache dim {dim!r} is the attention head size, which the model's inputs do "
+                f"not say: give it (--dim {dim}=SIZE) or the model's config (--config)"
+            )
+        self.bound[dim] = size
+        return size
 
     def by_name(self, said: str, axis: int, kind: str) -> int:
         """The size a dim's name asks for; a name that says nothing gets the batch on axis 0,
@@ -316,7 +334,12 @@ def reference_session(source, *, optimized: bool = False, expose_intermediates: 
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", prepared.data_dir
         )
-    return ort.InferenceSession(prepared.data, options, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(prepared.data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT's own error types
+        raise TransmuterError(
+            f"ONNX Runtime (the reference) cannot load the model: {str(exc).strip()}"
+        ) from exc
 
 
 def reference_feeds(session, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -333,7 +356,12 @@ def reference_outputs(
     main graph too when asked."""
     session = reference_session(source, expose_intermediates=expose_intermediates)
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, reference_feeds(session, inputs))))
+    try:
+        return dict(zip(names, session.run(names, reference_feeds(session, inputs))))
+    except Exception as exc:  # ORT's own error types; the message says what it rejected
+        raise TransmuterError(
+            f"ONNX Runtime (the reference) failed on these inputs: {str(exc).strip()}"
+        ) from exc
 
 
 @dataclass(frozen=True)
