@@ -3,7 +3,7 @@
 
 The file's dim names become `jax.export` symbolic dimensions created in one scope, so the same
 name on several inputs is one dim. Shape arithmetic in the graph (Shape -> Gather -> Concat ->
-Reshape) stays on the host with symbolic dims (lowering/ops/shape.py), so the program serves
+Reshape) stays on the host with symbolic dims (lowering/symbolic.py), so the program serves
 every size. A graph that needs a value computed from its inputs on the host (a graph break:
 NonZero, an If on data, ...) cannot be one program and is refused.
 """
@@ -29,7 +29,7 @@ from transmuter.errors import (
     ShapeError,
     TransmuterError,
 )
-from transmuter.lowering.ops.shape import dims_to_device, is_symbolic
+from transmuter.lowering.symbolic import dims_to_device, is_symbolic
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.execute import evaluate, x64_scope
 

@@ -21,7 +21,7 @@ from jax.export import is_symbolic_dim
 from transmuter import ir
 from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import OpContext, OpDef, lookup
-from transmuter.lowering.ops.shape import (
+from transmuter.lowering.symbolic import (
     SYMBOLIC_ARITHMETIC,
     SYMBOLIC_MOVES,
     dims_to_device,
@@ -196,7 +196,7 @@ class Interpreter:
 def _with_symbolic_dims(step: Step, args: list, on_host: bool) -> tuple:
     """Run a node that reads host values holding `jax.export` symbolic dims (exporting with
     symbolic shapes). Shape arithmetic stays on the host, symbolically, where the operator
-    supports it (SYMBOLIC_ARITHMETIC and SYMBOLIC_MOVES in lowering/ops/shape.py); elsewhere the
+    supports it (SYMBOLIC_ARITHMETIC and SYMBOLIC_MOVES in lowering/symbolic.py); elsewhere the
     dims become int64 values in the trace, and an operator that needs them on the host breaks."""
     node, opdef = step.node, step.opdef
     standard = not opdef.domain

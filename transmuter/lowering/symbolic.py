@@ -1,0 +1,124 @@
+"""Shape values holding `jax.export` symbolic dims, for exporting with symbolic shapes.
+
+Shape returns the dims of its input as a host vector; exporting, some dims are symbolic, and the
+vector is a numpy object array holding them (`dims_array`). The data-movement operators in
+SYMBOLIC_MOVES handle such arrays with numpy on the host, SYMBOLIC_ARITHMETIC computes on the
+dims with Python's operators, and any other operator receives them as int64 device values
+(`dims_to_device`); the interpreter routes nodes accordingly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.export import is_symbolic_dim
+
+from transmuter import dtypes
+
+
+def dims_array(dims) -> np.ndarray:
+    """Dims as a host int64 vector, or an object vector holding `jax.export` symbolic dims when
+    exporting with symbolic shapes: shape arithmetic then stays on the host, symbolically."""
+    dims = tuple(dims)
+    if any(is_symbolic_dim(d) for d in dims):
+        return np.array(dims, dtype=object)
+    return np.array(dims, dtype=np.int64)
+
+
+def is_symbolic(value) -> bool:
+    """True for a host value holding a `jax.export` symbolic dim (see `dims_array`)."""
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype == object
+        and any(is_symbolic_dim(v) for v in value.reshape(-1))
+    )
+
+
+def dims_to_device(value: np.ndarray):
+    """A host value holding symbolic dims as an int64 array of their values, in the trace."""
+    return jnp.asarray(value.tolist(), dtype=jnp.int64)
+
+
+def settle_dims(value):
+    """An object array whose dims all turned out concrete back to int64 (strings stay)."""
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype == object
+        and all(isinstance(v, (int, np.integer)) for v in value.reshape(-1))
+    ):
+        return value.astype(np.int64)
+    return value
+
+
+# jax.export lowers symbolic dims as int32 values, so a concrete bound this large (INT64_MAX
+# meaning "to the end") is past any symbolic dim; jax cannot prove that and would keep min(b, 2^63-1).
+_PAST_ANY_DIM = 2**31 - 1
+
+
+def dim_min(a, b):
+    """min of two dims, either of which may be a `jax.export` symbolic dim."""
+    if not (is_symbolic_dim(a) or is_symbolic_dim(b)):
+        return min(a, b)
+    if not is_symbolic_dim(a) and a >= _PAST_ANY_DIM:
+        return b
+    if not is_symbolic_dim(b) and b >= _PAST_ANY_DIM:
+        return a
+    return jax.core.min_dim(a, b)
+
+
+def dim_max(a, b):
+    """max of two dims, either of which may be a `jax.export` symbolic dim."""
+    if not (is_symbolic_dim(a) or is_symbolic_dim(b)):
+        return max(a, b)
+    if not is_symbolic_dim(a) and a <= -_PAST_ANY_DIM:
+        return b
+    if not is_symbolic_dim(b) and b <= -_PAST_ANY_DIM:
+        return a
+    return jax.core.max_dim(a, b)
+
+
+# Exporting with symbolic shapes (jax.export), shape values hold symbolic dims (object arrays,
+# see `dims_array`). These operators keep such values on the host, so Shape -> Gather -> Concat
+# -> Reshape stays symbolic: the data-movement operators handle object arrays with numpy (as they
+# do strings), and SYMBOLIC_ARITHMETIC computes on the dims with Python's operators. Any other
+# operator receives them as int64 device values.
+SYMBOLIC_MOVES = frozenset(
+    {
+        "Concat", "ConstantOfShape", "Equal", "Expand", "Flatten", "Gather", "Identity", "Range",
+        "Reshape", "Shape", "Size", "Slice", "Squeeze", "Tile", "Transpose", "Unsqueeze",
+        "Where",
+    }
+)  # fmt: skip
+
+
+def _symbolic_cast(input, *, to, **_):
+    # Dims are exact integers: an integer cast keeps them symbolic; any other type needs values.
+    if np.issubdtype(dtypes.from_onnx(to), np.integer):
+        return input
+    return dims_to_device(input).astype(dtypes.from_onnx(to))
+
+
+def _dim_divide(a, b):
+    # ONNX integer division truncates; dims are non-negative, where that is floor division.
+    if is_symbolic_dim(a) or is_symbolic_dim(b):
+        return a // b
+    return abs(int(a)) // abs(int(b)) * (1 if (a < 0) == (b < 0) else -1)
+
+
+def _symbolic_variadic(combine):
+    return lambda *xs: functools.reduce(np.frompyfunc(combine, 2, 1), xs)
+
+
+SYMBOLIC_ARITHMETIC = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.frompyfunc(_dim_divide, 2, 1),
+    "Neg": np.negative,
+    "Max": _symbolic_variadic(dim_max),
+    "Min": _symbolic_variadic(dim_min),
+    "Cast": _symbolic_cast,
+}
