@@ -3,8 +3,7 @@
 Keys are regular expressions searched in the test name (`test_abs_cpu`); values are the reason.
 Each listed case runs as a strict xfail: when a fix makes it pass, the suite fails until the
 entry is removed, so this list only shrinks. List genuine limitations here, not operators that
-are simply not written yet; the one exception is Gradient (below), which needs a runtime
-mechanism, not just a lowering.
+are simply not written yet.
 """
 
 # onnx on these cases: "non-deterministic and may not produce the same values in different
@@ -29,12 +28,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     # elements by recursing into them as if they were output lists and calls len() on the 0-d
     # array (TypeError), whatever the backend returns. test_backend_node.py compares this case's
     # outputs itself (test_cases_the_runner_cannot_compare).
-    # ai.onnx.preview.training Gradient differentiates the enclosing graph, not its own inputs:
-    # its lowering would need the runtime to re-evaluate the steps from xs to y as a pure function
-    # (for jax.vjp) and keep those values alive across segments. Not built yet.
-    r"^test_gradient_of_add(_and_mul)?_(cpu|cuda)$": (
-        "Gradient needs the runtime to re-evaluate the enclosing graph; not implemented yet"
-    ),
     r"^test_loop16_seq_none_(cpu|cuda)$": (
         "onnx's runner cannot compare a sequence output holding a 0-d tensor (it calls len() on "
         "the element); the outputs are checked in test_cases_the_runner_cannot_compare"

@@ -119,3 +119,69 @@ def test_errors():
                             outputs=2)  # fmt: skip
     with pytest.raises(TransmuterError, match="3 groups of equal size"):
         transmuter.run(transmuter.load(model), feeds(model, inputs(0.1, 1, groups)))
+
+
+def _gradient_model(gradient_first: bool):
+    """W --> MatMul(X) --> H --> Mul(Z) --> Y, with Gradient(xs=[W, Z], zs=[X], y=Y) and, as the
+    spec's intermediate example, Gradient(xs=[H, Z], y=Y). With gradient_first the Gradient
+    nodes are listed before the nodes computing Y (nothing orders them after: they read only
+    W, H, Z and X)."""
+    from onnx import TensorProto, helper
+
+    gradients = [
+        helper.make_node(
+            "Gradient",
+            ["W", "Z", "X"],
+            ["dW", "dZ"],
+            domain=TRAINING,
+            xs=["W", "Z"],
+            zs=["X"],
+            y="Y",
+        ),
+        helper.make_node("Gradient", ["H", "Z"], ["dH", ""], domain=TRAINING, xs=["H", "Z"], y="Y"),
+    ]
+    forward = [
+        helper.make_node("MatMul", ["X", "W"], ["H"]),
+        helper.make_node("Mul", ["H", "Z"], ["Y"]),
+    ]
+    f32 = TensorProto.FLOAT
+    shapes = (("X", [2, 3]), ("W", [3, 4]), ("Z", [2, 4]))
+    graph = helper.make_graph(
+        [*gradients, *forward] if gradient_first else [*forward, *gradients],
+        "gradient",
+        [helper.make_tensor_value_info(n, f32, s) for n, s in shapes],
+        [helper.make_tensor_value_info(n, f32, None) for n in ("Y", "dW", "dZ", "dH")],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(TRAINING, 1)]
+    )
+
+
+@pytest.mark.parametrize("gradient_first", [False, True])
+def test_gradient_of_weights_and_of_an_intermediate(gradient_first):
+    rng = np.random.default_rng(0)
+    x, w, z = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (3, 4), (2, 4)))
+    model = transmuter.load(_gradient_model(gradient_first))
+    feed = {"X": x, "W": w, "Z": z}
+    for out in (transmuter.run(model, feed), transmuter.compile(model, feed)(feed)):
+        # Y = (X W) * Z, summed: dY/dW = X^T Z, dY/dZ = X W, dY/dH = Z.
+        assert_close(out["dW"], x.T @ z, rtol=1e-5, atol=1e-6, what="dW")
+        assert_close(out["dZ"], x @ w, rtol=1e-5, atol=1e-6, what="dZ")
+        assert_close(out["dH"], z, rtol=1e-6, atol=0, what="dH")
+        assert_close(out["Y"], (x @ w) * z, rtol=1e-5, atol=1e-6, what="Y")
+
+
+def test_gradient_checks_its_input_count():
+    from onnx import helper
+
+    model = _gradient_model(False)
+    node = model.graph.node[2]
+    node.attribute.remove(next(a for a in node.attribute if a.name == "zs"))
+    node.attribute.append(helper.make_attribute("zs", ["X", "Z"]))
+    rng = np.random.default_rng(0)
+    feed = {
+        n: rng.standard_normal(s).astype(np.float32)
+        for n, s in (("X", (2, 3)), ("W", (3, 4)), ("Z", (2, 4)))
+    }
+    with pytest.raises(TransmuterError, match="one input per name in xs and zs"):
+        transmuter.run(transmuter.load(model), feed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,13 +15,16 @@ class OpContext:
 
     run_graph(graph, inputs) evaluates a subgraph (If/Loop/Scan bodies) with the enclosing
     scope visible and returns its outputs in order. next_key() returns a fresh PRNG key for
-    random ops.
+    random ops. recompute(names, feeds) evaluates the named values of the graph this node is in
+    again, from `feeds` (name -> value) in place of those values, by the nodes between them
+    (what Gradient differentiates).
     """
 
     node: ir.Node
     opset: int
     run_graph: Callable[[ir.Graph, Sequence[Any]], list[Any]]
     next_key: Callable[[], Any]
+    recompute: Callable[[Sequence[str], Mapping[str, Any]], list[Any]]
 
     @property
     def num_outputs(self) -> int:

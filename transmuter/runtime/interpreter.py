@@ -138,6 +138,28 @@ class Interpreter:
         local.update(graph.initializers)  # subgraph initializers are small constants
         return self.run(plan, ChainMap(local, outer))
 
+    def recompute(
+        self, at: Step, names: Sequence[str], feeds: Mapping[str, Any], env: Mapping[str, Any]
+    ) -> list[Any]:
+        """The values `names` of the graph holding step `at`, computed again from `feeds` by
+        the steps between them; every other value is read from `env`."""
+        plans = (self.root, *self.root.subplans.values())
+        steps = next(p.steps for p in plans if any(s is at for s in p.steps))
+        producer = {o: s for s in steps for o in s.node.outputs if o}
+        needed: set[int] = set()
+        pending = [n for n in names if n not in feeds]
+        while pending:
+            step = producer.get(pending.pop())
+            if step is None or id(step) in needed:
+                continue  # a graph input, initializer or outer value: read from env
+            needed.add(id(step))
+            pending.extend(n for n in step.node.inputs if n and n not in feeds)
+        local = ChainMap(dict(feeds), env)
+        for step in steps:
+            if id(step) in needed:
+                self.step(step, local)
+        return [local[n] for n in names]
+
     def next_key(self) -> Any:
         if self.key is None:
             raise TransmuterError("this graph has random operators: pass a PRNG key to run them")
@@ -164,7 +186,11 @@ class Interpreter:
                 args[index] = to_host(args[index])
         if opdef.context:
             ctx = OpContext(
-                node, step.opset, lambda g, xs: self.run_graph(g, xs, env), self.next_key
+                node,
+                step.opset,
+                lambda g, xs: self.run_graph(g, xs, env),
+                self.next_key,
+                lambda names, feeds: self.recompute(step, names, feeds, env),
             )
             args.insert(0, ctx)
         values = [a for a in args if not isinstance(a, OpContext)]

@@ -1,4 +1,5 @@
-"""Optimizer steps of the ai.onnx.preview.training domain: Adagrad, Adam and Momentum.
+"""The ai.onnx.preview.training domain: the optimizer steps Adagrad, Adam and Momentum, and
+Gradient.
 
 Each takes the learning rate R, the update count T, then its tensors grouped by role (all the
 values X_1..X_n, then all their gradients, then each kind of optimizer state) and returns the new
@@ -6,12 +7,14 @@ values followed by the new states, grouped the same way. The update is element-w
 tensors are updated independently with the same formulas (the spec's "concatenation" view).
 Scalar factors that depend on T are computed in float64 and cast to each tensor's type once.
 
-Gradient-1 is not here: it differentiates a part of the enclosing graph named by its attributes,
-which a node-level lowering cannot see (see the note at the end of this module).
+Gradient-1 differentiates a part of the enclosing graph named by its attributes: the runtime
+recomputes y from the values fed for xs and zs (`OpContext.recompute`), and JAX differentiates
+that recomputation.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from transmuter.errors import ShapeError
@@ -108,10 +111,22 @@ def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
     return _outputs(results)
 
 
-# Gradient-1 (xs, zs, y) is the derivative of the tensor `y` with respect to the graph values
-# named in `xs`, evaluated at the node's inputs (bound to xs + zs). Lowering it needs, from the
-# runtime, the enclosing graph and its plan: the nodes between xs/zs and y (a sub-plan cut at
-# those names), run as a function of the xs values under jax.vjp with the zs values and any other
-# outer values held fixed, with a cotangent of ones for y. OpContext offers only run_graph for a
-# node's own subgraph attributes, so this waits on a runtime hook such as
-# `ctx.run_values(inputs: dict[str, value], outputs: list[str])`.
+@op("Gradient", since=1, domain=TRAINING, context=True)
+def gradient(ctx, *inputs, xs, y, zs=None):
+    """ai.onnx.preview.training Gradient-1: dy/dx for each x in xs, y recomputed from the xs and
+    zs fed in (the nodes between them differentiated, the zs held fixed); a y with several
+    elements counts as their sum, as reverse mode seeded with ones computes it."""
+    zs = tuple(zs or ())
+    if len(inputs) != len(xs) + len(zs):
+        raise ShapeError(
+            f"Gradient: takes one input per name in xs and zs ({len(xs) + len(zs)}), "
+            f"got {len(inputs)}"
+        )
+    fixed = dict(zip(zs, inputs[len(xs) :]))
+
+    def total(*values):
+        (value,) = ctx.recompute([y], {**fixed, **dict(zip(xs, values))})
+        return jnp.sum(value)
+
+    points = [jnp.asarray(v) for v in inputs[: len(xs)]]
+    return tuple(jax.grad(total, argnums=tuple(range(len(xs))))(*points))
