@@ -155,18 +155,23 @@ ALL_INT8 = np.arange(-128, 128).astype(np.int8).reshape(16, 16)
 UNARY_PARAMS = [(0.1, 3, 1 / 256, 0), (1.0, 0, 2.0, 1), (0.02, 10, 0.004, 20), (0.5, -5, 0.25, 3)]
 
 
-@pytest.mark.parametrize("dtype", INT8)
-@pytest.mark.parametrize("params", UNARY_PARAMS)
-def test_qlinear_leaky_relu(dtype, params):
+def unary_inputs(dtype, params) -> dict:
+    """Every value of the 8-bit type through a unary QLinear op: (x_scale, x_zero, y_scale,
+    y_zero) in `params`, a negative x zero wrapped into uint8's range."""
     xs, xz, ys, yz = params
-    x = ALL_UINT8 if dtype == np.uint8 else ALL_INT8
-    inputs = {
-        "X": x,
+    return {
+        "X": ALL_UINT8 if dtype == np.uint8 else ALL_INT8,
         "X_scale": F32(xs),
         "X_zero_point": dtype(xz % 256 if dtype == np.uint8 else xz),
         "Y_scale": F32(ys),
         "Y_zero_point": dtype(yz),
     }
+
+
+@pytest.mark.parametrize("dtype", INT8)
+@pytest.mark.parametrize("params", UNARY_PARAMS)
+def test_qlinear_leaky_relu(dtype, params):
+    inputs = unary_inputs(dtype, params)
     check_node("QLinearLeakyRelu", inputs, {"alpha": 0.5}, domain=MS)
     check_node("QLinearLeakyRelu", inputs, domain=MS)
 
@@ -175,15 +180,7 @@ def test_qlinear_leaky_relu(dtype, params):
 @pytest.mark.parametrize("params", UNARY_PARAMS)
 def test_qlinear_sigmoid(dtype, params):
     # ONNX Runtime tabulates its own logistic approximation: equal within one step.
-    xs, xz, ys, yz = params
-    x = ALL_UINT8 if dtype == np.uint8 else ALL_INT8
-    inputs = {
-        "X": x,
-        "X_scale": F32(xs),
-        "X_zero_point": dtype(xz % 256 if dtype == np.uint8 else xz),
-        "Y_scale": F32(ys),
-        "Y_zero_point": dtype(yz),
-    }
+    inputs = unary_inputs(dtype, params)
     check_within_one_step("QLinearSigmoid", inputs)
 
 
