@@ -64,6 +64,12 @@ def problem(result: dict) -> str:
             )
         else:
             where = found.get("detail") or found.get("error", "")
+        saturating = result.get("reference_saturation") or []
+        if saturating:
+            where += (
+                ". ONNX Runtime's u8 x s8 kernels may have saturated (no VNNI where it was "
+                f"recorded) at {', '.join(saturating)}"
+            )
         return f"{'; '.join(worst)}. {where}"
     return result.get("error") or ""
 

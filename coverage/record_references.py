@@ -28,7 +28,7 @@ import cases
 import numpy as np
 import onnx
 
-from transmuter import checking
+from transmuter import checking, cpu
 from transmuter.frontend import load_model
 from transmuter.frontend.edit import reference_edits
 
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None, download: Callable | None = None) -> int
         "generated_by": "python coverage/record_references.py",
         "onnxruntime": _version("onnxruntime"),
         "onnx": onnx.__version__,
+        # ORT's u8 x s8 kernels are exact only with VNNI: run_cases.py says where they may not be.
+        "cpu": cpu.describe(),
+        "vnni": cpu.has_vnni(),
         "cases": recorded,
     }
     cases.write_json(args.out / cases.MANIFEST, manifest)

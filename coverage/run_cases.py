@@ -8,7 +8,8 @@ error is kept). Outputs are compared as `transmuter check` compares them
 (transmuter.checking.compare): per output, max abs error and max error relative to the output's
 largest magnitude. Status: "pass" (every output within tolerance), "mismatch" (an output differs:
 transmuter.checking.first_divergence then names the first node whose output differs from ONNX
-Runtime's), "error" (Transmuter raised: exception class and first line), or "no-reference" (ONNX
+Runtime's, and `reference_saturation` lists the u8 x s8 nodes where ONNX Runtime may have
+saturated when the recording CPU lacked VNNI), "error" (Transmuter raised: exception class and first line), or "no-reference" (ONNX
 Runtime could not run the model when it was recorded). Writes cases/results.json; offline.
 """
 
@@ -32,8 +33,9 @@ from transmuter import checking
 RTOL, ATOL = 1e-3, 1e-4
 
 
-def run_case(folder: Path, case: dict, rtol: float, atol: float) -> dict:
-    """One case's result (see the module docstring for the fields' meaning)."""
+def run_case(folder: Path, case: dict, rtol: float, atol: float, vnni: bool | None = None) -> dict:
+    """One case's result (see the module docstring for the fields' meaning); `vnni`: whether
+    the CPU that recorded the reference had VNNI (None: unknown)."""
     result = {
         "name": case["name"],
         "task": case["task"],
@@ -48,6 +50,7 @@ def run_case(folder: Path, case: dict, rtol: float, atol: float) -> dict:
         "max_abs": None,
         "max_rel": None,
         "divergence": None,
+        "reference_saturation": [],
     }
     if case["reference_error"]:
         result.update(status="no-reference", error=case["reference_error"])
@@ -88,6 +91,10 @@ def run_case(folder: Path, case: dict, rtol: float, atol: float) -> dict:
     else:
         result["status"] = "mismatch"
         result["divergence"] = divergence(model, path, inputs, rtol, atol)
+        # vnni None (not recorded or unknown) counts as "may saturate": the check is advisory.
+        result["reference_saturation"] = [
+            p.node for p in checking.reference_saturation(model, vnni=bool(vnni))
+        ]
     return result
 
 
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = cases.read_manifest(args.cases)
     results = []
     for case in manifest["cases"]:
-        result = run_case(args.cases, case, args.rtol, args.atol)
+        result = run_case(args.cases, case, args.rtol, args.atol, manifest.get("vnni"))
         error = f" ({result['error']})" if result["error"] else ""
         mode = f" [{result['mode']}]" if result["mode"] else ""
         print(f"{case['name']}: {result['status']}{mode}{error}")

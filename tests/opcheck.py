@@ -134,12 +134,15 @@ def check_node(
     rtol: float = 1e-5,
     atol: float = 1e-6,
     compiled: bool = True,
+    expected: Sequence[np.ndarray] | None = None,
     **model_options: Any,
 ) -> list[np.ndarray]:
-    """Run one node through Transmuter (eager and compiled) and the reference; assert equal
-    dtypes, shapes and values. Returns the reference outputs."""
+    """Run one node through Transmuter (eager and compiled) and the reference, or compare with
+    `expected` where given; assert equal dtypes, shapes and values. Returns the reference
+    outputs."""
     model = make_node_model(op_type, inputs, attrs, opset=opset, **model_options)
-    expected = ort_run(model, inputs) if reference == "ort" else reference_run(model, inputs)
+    if expected is None:
+        expected = ort_run(model, inputs) if reference == "ort" else reference_run(model, inputs)
     for mode, outputs in transmuter_runs(model, inputs, compiled=compiled).items():
         assert len(outputs) == len(expected), (
             f"{mode}: {len(outputs)} outputs, expected {len(expected)}"
@@ -147,3 +150,68 @@ def check_node(
         for i, (got, want) in enumerate(zip(outputs, expected)):
             assert_close(got, want, rtol=rtol, atol=atol, what=f"{op_type} output {i} ({mode})")
     return expected
+
+
+def summation_atol(terms: int, magnitude: float, dtype: Any = np.float32) -> float:
+    """The absolute tolerance between two correct sums of `terms` products accumulated in
+    `dtype` in different orders (the order follows the CPU's vector width, so it differs between
+    machines). Each is within gamma(terms + 1) * magnitude of the exact value, gamma(n) =
+    n u / (1 - n u) with u the unit roundoff (Higham, Accuracy and Stability of Numerical
+    Algorithms, 3.1: terms - 1 additions and a rounding of each product, plus one rounding of an
+    operand computed first, such as a dequantized weight), so the two are within twice that.
+    `magnitude` is the largest sum of |products| over the outputs: max(|A| @ |B|) for a matmul."""
+    nu = (terms + 1) * float(np.finfo(dtype).eps) / 2
+    return 2 * nu / (1 - nu) * float(magnitude)
+
+
+# ONNX Runtime's u8 x s8 integer GEMMs on x86 CPUs without VNNI (AVX2, AVX-512BW) multiply with
+# vpmaddubsw, which adds each pair of adjacent products in a saturating 16-bit lane: their
+# results then differ from the exact ones, always smaller in magnitude, by up to tens. u8 x u8 and
+# s8 x s8 are widened to 16 bits first and are exact on every CPU, as is u8 x s8 with VNNI.
+# Tests of integer products keep ORT as the oracle only where it is exact on every CPU.
+PAIR_LIMIT = 2**15 - 1
+
+
+def ort_may_saturate(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ONNX Runtime may saturate multiplying the integer operands `a` and `b` on some
+    CPU: one is uint8 and the other int8, and a pair of their products can pass 2^15 - 1."""
+    if {np.dtype(a.dtype), np.dtype(b.dtype)} != {np.dtype(np.uint8), np.dtype(np.int8)}:
+        return False
+    largest = int(np.abs(a.astype(np.int32)).max(initial=0))
+    return 2 * largest * int(np.abs(b.astype(np.int32)).max(initial=0)) > PAIR_LIMIT
+
+
+def as_uint8(x: Any, zero: Any) -> tuple[np.ndarray, np.ndarray]:
+    """int8 `x` and its zero point (None: 0) as the uint8 pair with the same x - zero."""
+    x = np.asarray(x)
+    zero = np.zeros((), np.int8) if zero is None else np.asarray(zero)
+    if x.dtype != np.int8 or zero.dtype != np.int8:
+        raise ValueError(f"as_uint8 takes int8 values and zero points, got {x.dtype}, {zero.dtype}")
+    return tuple((v.astype(np.int16) + 128).astype(np.uint8) for v in (x, zero))
+
+
+# One integer product of an op: its uint8 operand (None where the op quantizes a float input to
+# uint8 itself), its int8 operand and that operand's zero point input.
+Product = tuple[str | None, str, str]
+
+
+def portable_reference(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    products: Sequence[Product],
+    **model_options: Any,
+) -> list[np.ndarray] | None:
+    """ONNX Runtime's outputs computed so that they hold on every CPU, for check_node's
+    `expected`: where ORT may saturate a product (`ort_may_saturate`), its int8 operand and zero
+    point move to uint8 (`as_uint8`), the same exact integer products through ORT's u8 x u8
+    kernels. None where ORT on `inputs` as they are is exact (check_node then runs it)."""
+    shifted = dict(inputs)
+    for unsigned, signed, zero in products:
+        a = np.asarray(inputs[unsigned]) if unsigned else np.full(1, 255, np.uint8)
+        if ort_may_saturate(a, np.asarray(inputs[signed])):
+            shifted[signed], shifted[zero] = as_uint8(inputs[signed], inputs.get(zero))
+    if all(shifted[name] is inputs[name] for name in inputs):
+        return None
+    return ort_run(make_node_model(op_type, shifted, attrs, **model_options), shifted)

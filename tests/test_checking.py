@@ -298,3 +298,65 @@ def test_a_reference_failure_is_a_transmuter_error():
     inputs = {"x": np.zeros(4, np.float32), "shape": np.array([3])}
     with pytest.raises(transmuter.TransmuterError, match="ONNX Runtime \\(the reference\\) failed"):
         checking.reference_outputs(proto, inputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Where ONNX Runtime's u8 x s8 kernels may saturate
+# ------------------------------------------------------------------------------------------------
+
+
+def int8_matmul_model(weight: np.ndarray, *, nested: bool = False) -> onnx.ModelProto:
+    """x (float) -> DynamicQuantizeLinear -> MatMulInteger with `weight`, an initializer; in an
+    If branch when `nested`."""
+    matmul = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zero"]),
+        helper.make_node("MatMulInteger", ["q", "w", "zero"], ["y"], name="int8_matmul"),
+    ]
+    w = onnx.numpy_helper.from_array(weight, "w")
+    out = helper.make_tensor_value_info("y", TensorProto.INT32, None)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", weight.shape[0]])
+    if not nested:
+        graph = helper.make_graph(matmul, "g", [x], [out], [w])
+    else:
+        branch = helper.make_graph(matmul, "then", [], [out])
+        zeros = np.zeros((1, weight.shape[1]), np.int32)
+        other = helper.make_graph(
+            [helper.make_node("Constant", [], ["y"], value=onnx.numpy_helper.from_array(zeros))],
+            "else",
+            [],
+            [out],
+        )
+        cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+        node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)
+        graph = helper.make_graph([node], "g", [x, cond], [out], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_u8_s8_products_that_can_pass_16_bits_are_named_without_vnni(nested):
+    weight = np.array([[127, -128], [5, 3]], np.int8)
+    model = load_model(int8_matmul_model(weight, nested=nested))
+    (found,) = checking.reference_saturation(model, vnni=False)
+    assert (found.node, found.op_type, found.inputs) == ("int8_matmul", "MatMulInteger", ("q", "w"))
+    assert found.largest == 2 * 255 * 128
+    assert checking.reference_saturation(model, vnni=True) == []
+
+
+@pytest.mark.parametrize(
+    "weight",
+    [
+        np.array([[64, -64], [-64, 64]], np.int8),  # 7-bit weights (reduce_range): 2*255*64 fits
+        np.array([[255, 0], [0, 255]], np.uint8),  # u8 x u8 is exact on every CPU
+    ],
+)
+def test_products_that_cannot_saturate_are_not_named(weight):
+    model = load_model(int8_matmul_model(weight))
+    assert checking.reference_saturation(model, vnni=False) == []
+
+
+def test_saturation_follows_this_cpu_by_default(monkeypatch):
+    model = load_model(int8_matmul_model(np.array([[127, -128]], np.int8).T))
+    monkeypatch.setattr(transmuter.cpu, "has_vnni", lambda: False)
+    assert [p.node for p in checking.reference_saturation(model)] == ["int8_matmul"]
+    monkeypatch.setattr(transmuter.cpu, "has_vnni", lambda: True)
+    assert checking.reference_saturation(model) == []

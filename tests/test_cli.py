@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from test_checking import int8_matmul_model
 
-from transmuter import checking
+from transmuter import checking, cpu
 from transmuter.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
@@ -170,3 +171,39 @@ def test_export_without_a_needed_constraint_says_so(tmp_path, capsys):
 def test_export_shape_option_is_checked(tmp_path, capsys):
     assert main(["export", BERT, "-o", str(tmp_path / "x"), "--shape", "input_ids"]) == 1
     assert "--shape 'input_ids': write NAME=VALUE" in capsys.readouterr().err
+
+
+def saturating_u8_s8_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """u8 [M, K] x s8 [K, N] as vpmaddubsw computes it (ONNX Runtime's kernels without VNNI):
+    each pair of adjacent products summed in a saturating int16 lane, then the lanes in int32."""
+    a, b = a.astype(np.int32), b.astype(np.int32)
+    if a.shape[1] % 2:
+        a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 1), (0, 0)))
+    pairs = a[:, 0::2, None] * b[None, 0::2] + a[:, 1::2, None] * b[None, 1::2]
+    return np.clip(pairs, -(2**15), 2**15 - 1).sum(1).astype(np.int32)
+
+
+def test_check_says_where_the_reference_may_saturate(tmp_path, monkeypatch, capsys):
+    # The reference as ORT computes it on an AVX2 CPU: the mismatch is ORT's, and check says so.
+    rng = np.random.default_rng(0)
+    weight = rng.integers(-128, 128, (16, 4)).astype(np.int8)
+    path = tmp_path / "int8.onnx"
+    onnx.save(int8_matmul_model(weight), path)
+    real = checking.reference_outputs
+
+    def saturated(source, inputs, *, expose_intermediates=False):
+        values = real(source, inputs, expose_intermediates=True)
+        zero_point_sums = int(values["zero"]) * weight.astype(np.int32).sum(0)
+        values["y"] = saturating_u8_s8_matmul(values["q"], weight) - zero_point_sums
+        return values if expose_intermediates else {"y": values["y"]}
+
+    monkeypatch.setattr(checking, "reference_outputs", saturated)
+    monkeypatch.setattr(cpu, "has_vnni", lambda: False)
+    x = tmp_path / "x.npy"
+    np.save(x, (rng.standard_normal((3, 16)) * 4).astype(np.float32))
+    assert main(["check", str(path), "--input", f"x={x}"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "output 'y'" in out
+    assert "may saturate on this CPU" in out
+    assert "int8_matmul (MatMulInteger): q x w, pairs up to 65280" in out
+    assert "the first divergence is one of them" in out

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import transmuter
-from transmuter import checking, ir
+from transmuter import checking, cpu, ir
 from transmuter.errors import TransmuterError
 
 HINTS = {
@@ -259,7 +259,25 @@ def check(args) -> int:
             f"max abs {d.max_abs:.3g} {d.detail}".rstrip()
         )
         print(f"  its inputs: {', '.join(found.inputs)}")
+    _print_saturation(checking.reference_saturation(model), found)
     return 1
+
+
+def _print_saturation(
+    products: list[checking.SaturatingProduct], found: checking.Divergence | None
+) -> None:
+    """Where the reference itself may be wrong on this CPU, say so next to the mismatch."""
+    if not products:
+        return
+    print(
+        f"note: ONNX Runtime's reference may saturate on this CPU ({cpu.describe()}): without "
+        "VNNI its u8 x s8 kernels add pairs of products in 16-bit saturating lanes, and these "
+        "nodes can pass 32767:"
+    )
+    for p in products:
+        print(f"  {p.node} ({p.op_type}): {p.inputs[0]} x {p.inputs[1]}, pairs up to {p.largest}")
+    if found is not None and any(p.node == found.node for p in products):
+        print("  the first divergence is one of them: compare on a CPU with VNNI to be sure")
 
 
 def bench(args) -> int:

@@ -249,6 +249,17 @@ def test_a_mismatch_names_the_first_diverging_node(swept):
     assert swept.results["extra__mystery"]["status"] == "no-reference"
 
 
+def test_the_recording_cpu_is_kept_and_a_saturating_reference_named(tools, swept):
+    # ORT's u8 x s8 kernels are exact only with VNNI: where the references were recorded counts.
+    assert swept.manifest["cpu"] == transmuter.cpu.describe()
+    assert swept.manifest["vnni"] == transmuter.cpu.has_vnni()
+    assert swept.results["extra__noise"]["reference_saturation"] == []
+    result = dict(swept.results["extra__noise"], reference_saturation=["int8_matmul"])
+    assert "may have saturated (no VNNI where it was recorded) at int8_matmul" in (
+        tools.print_matrix.problem(result)
+    )
+
+
 def test_matrix_and_model_table(swept):
     lines = swept.matrix.splitlines()
     assert "| feature-extraction | 1 | 1 | 0 | 0 | 0 |" in lines

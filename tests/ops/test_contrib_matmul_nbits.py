@@ -14,7 +14,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
+from opcheck import (
+    assert_close,
+    check_node,
+    make_node_model,
+    ort_run,
+    summation_atol,
+    transmuter_runs,
+)
 
 from transmuter.errors import TransmuterError
 
@@ -47,11 +54,21 @@ def quantized_weights(rng, n, k, bits, block_size):
     return q, scales, zeros, b
 
 
+def dequantized(q, scales, zeros, block_of_k):
+    """Float64 (q - zero) * scale [N, K], scales and zeros picked per row of K."""
+    return (q - zeros[:, block_of_k]) * scales.astype(np.float64)[:, block_of_k]
+
+
 def reference(a, q, scales, zeros, block_of_k, bias=None):
-    """Float64 A @ ((q - zero) * scale)ᵀ, scales and zeros picked per row of K."""
-    w = (q - zeros[:, block_of_k]) * scales.astype(np.float64)[:, block_of_k]
-    y = a.astype(np.float64) @ w.T
+    """Float64 A @ dequantized weightsᵀ."""
+    y = a.astype(np.float64) @ dequantized(q, scales, zeros, block_of_k).T
     return y if bias is None else y + bias
+
+
+def atol(a, q, scales, zeros, block_of_k):
+    """The float32 accumulation's tolerance over K (ONNX Runtime sums in another order)."""
+    w = dequantized(q, scales, zeros, block_of_k)
+    return summation_atol(a.shape[-1], np.max(np.abs(a) @ np.abs(w).T, initial=0))
 
 
 ZERO_FORMS = ["absent", "packed", "float"]
@@ -76,14 +93,18 @@ def test_matmul_nbits(bits, block_size, k, form, rng):
     a = rng.standard_normal((3, k)).astype(np.float32)
     inputs = {"A": a, "B": b, "scales": scales, "zero_points": zero_input(form, zeros, bits)}
     attrs = {"K": k, "N": n, "bits": bits, "block_size": block_size}
+    block_of_k = np.arange(k) // block_size
+    tolerance = atol(a, q, scales, zeros, block_of_k)
     if bits == 8 and form == "float":
         # ONNX Runtime's CPU kernel refuses 8-bit weights with float zero points.
         model = make_node_model("MatMulNBits", inputs, attrs, domain=MS, constants=WEIGHTS)
-        expected = reference(a, q, scales, zeros, np.arange(k) // block_size).astype(np.float32)
+        expected = reference(a, q, scales, zeros, block_of_k).astype(np.float32)
         for mode, (got,) in transmuter_runs(model, inputs).items():
-            assert_close(got, expected, rtol=1e-5, atol=1e-5, what=mode)
+            assert_close(got, expected, rtol=1e-5, atol=tolerance, what=mode)
         return
-    check_node("MatMulNBits", inputs, attrs, domain=MS, constants=WEIGHTS, rtol=1e-5, atol=1e-5)
+    check_node(
+        "MatMulNBits", inputs, attrs, domain=MS, constants=WEIGHTS, rtol=1e-5, atol=tolerance
+    )
 
 
 def test_matmul_nbits_matches_the_spec_formula(rng):
@@ -115,15 +136,16 @@ def test_matmul_nbits_g_idx_bias_symbolic_batch(form, rng):
     }
     attrs = {"K": k, "N": n, "block_size": block_size}
     options = dict(domain=MS, constants=WEIGHTS, symbolic={"A": [0, 1]})
+    tolerance = atol(a, q, scales, zeros, g_idx)
     if form != "packed":
-        check_node("MatMulNBits", inputs, attrs, rtol=1e-5, atol=1e-5, **options)
+        check_node("MatMulNBits", inputs, attrs, rtol=1e-5, atol=tolerance, **options)
         return
     # ONNX Runtime 1.32's CPU kernel ignores packed uint8 zero points when g_idx is given (its
     # output equals the one for zero point 8); the spec applies each block's zero point.
     model = make_node_model("MatMulNBits", inputs, attrs, **options)
     expected = reference(a, q, scales, zeros, g_idx, bias).astype(np.float32)
     for mode, (got,) in transmuter_runs(model, inputs).items():
-        assert_close(got, expected, rtol=1e-5, atol=1e-5, what=mode)
+        assert_close(got, expected, rtol=1e-5, atol=tolerance, what=mode)
 
 
 def test_matmul_nbits_weights_as_graph_inputs(rng):
@@ -162,13 +184,15 @@ def test_matmul_nbits_accuracy_level_keeps_level_0_semantics(rng):
     # Level 4 lets ONNX Runtime quantize A to int8; Transmuter never quantizes A, so its output
     # at level 4 is ONNX Runtime's at level 0.
     k, n = 128, 8
-    _, scales, zeros, b = quantized_weights(rng, n, k, 4, 32)
+    q, scales, _, b = quantized_weights(rng, n, k, 4, 32)
     inputs = {"A": rng.standard_normal((4, k)).astype(np.float32), "B": b, "scales": scales}
     attrs = {"K": k, "N": n, "block_size": 32}
     level0 = ort_run(make_node_model("MatMulNBits", inputs, attrs, domain=MS), inputs)
     model = make_node_model("MatMulNBits", inputs, {**attrs, "accuracy_level": 4}, domain=MS)
+    # Without zero points the spec's default is 8 (2^(bits - 1)).
+    tolerance = atol(inputs["A"], q, scales, np.full(scales.shape, 8), np.arange(k) // 32)
     for mode, (got,) in transmuter_runs(model, inputs).items():
-        assert_close(got, level0[0], rtol=1e-5, atol=1e-5, what=mode)
+        assert_close(got, level0[0], rtol=1e-5, atol=tolerance, what=mode)
 
 
 def test_matmul_nbits_empty_weights_give_the_bias(rng):

@@ -14,7 +14,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
-from opcheck import assert_close, check_node, feeds, make_node_model, ort_run, transmuter_runs
+from opcheck import (
+    as_uint8,
+    assert_close,
+    check_node,
+    feeds,
+    make_node_model,
+    ort_may_saturate,
+    ort_run,
+    portable_reference,
+    transmuter_runs,
+)
 
 from transmuter.errors import TransmuterError
 
@@ -378,7 +388,9 @@ def test_qlinear_where(dtype, params, rng):
     check_node("QLinearWhere", inputs, domain=MS)
 
 
-# QGemm, DynamicQuantizeMatMul, MatMulIntegerToFloat
+# QGemm, DynamicQuantizeMatMul, MatMulIntegerToFloat. ONNX Runtime's u8 x s8 products may
+# saturate on CPUs without VNNI (opcheck.PAIR_LIMIT): where they can, the reference is ORT on the
+# same products with the int8 operand moved to uint8 (opcheck.portable_reference).
 
 # The int8 x uint8 and int8 A x uint8 B pairs have no ONNX Runtime CPU kernel.
 GEMM_TYPES = [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)]
@@ -413,7 +425,14 @@ def test_qgemm(a_type, b_type, trans, per_column, output, rng):
     if output == "quantized":
         inputs["y_scale"] = F32(0.5)
         inputs["y_zero_point"] = a_type(3)
-    check_node("QGemm", inputs, {"transA": ta, "transB": tb, "alpha": 2.0}, domain=MS)
+    attrs = {"transA": ta, "transB": tb, "alpha": 2.0}
+    check_qgemm(inputs, attrs)
+
+
+def check_qgemm(inputs, attrs=None):
+    products = [("A", "B", "b_zero_point")]
+    expected = portable_reference("QGemm", inputs, attrs, products=products, domain=MS)
+    check_node("QGemm", inputs, attrs, domain=MS, expected=expected)
 
 
 @pytest.mark.parametrize("c_shape", [None, (), (4, 5), (1, 5), (4, 1)])
@@ -429,7 +448,7 @@ def test_qgemm_bias_shapes(c_shape, rng):
         "y_scale": F32(0.25),
         "y_zero_point": np.uint8(100),
     }
-    check_node("QGemm", inputs, domain=MS)
+    check_qgemm(inputs)
 
 
 def test_qgemm_y_scale_without_zero_point_stays_float(rng):
@@ -458,21 +477,22 @@ def test_dynamic_quantize_matmul(b_type, per_column, with_bias, rng):
         "b_zero_point": rand_q(rng, b_type, (n,)) if per_column else b_type(3),
         "bias": rng.standard_normal(n).astype(F32) if with_bias else None,
     }
-    check_node(
-        "DynamicQuantizeMatMul",
-        inputs,
-        domain=MS,
-        constants=["B", "b_scale", "b_zero_point", "bias"],
-        symbolic={"A": [0]},
-        rtol=1e-5,
-        atol=1e-5,
+    options = dict(domain=MS, constants=["B", "b_scale", "b_zero_point", "bias"])
+    check_dynamic_quantize_matmul(inputs, symbolic={"A": [0]}, **options)
+
+
+def check_dynamic_quantize_matmul(inputs, **options):
+    # A is quantized to uint8 inside the op: the product is u8 x B.
+    expected = portable_reference(
+        "DynamicQuantizeMatMul", inputs, products=[(None, "B", "b_zero_point")], **options
     )
+    check_node("DynamicQuantizeMatMul", inputs, expected=expected, rtol=1e-5, atol=1e-5, **options)
 
 
 @pytest.mark.parametrize("a", [np.zeros((3, 8), F32), -np.ones((3, 8), F32), np.ones((0, 8), F32)])
 def test_dynamic_quantize_matmul_degenerate_ranges(a, rng):
-    inputs = {"A": a, "B": rand_q(rng, np.int8, (8, 5)), "b_scale": F32(0.02)}
-    check_node("DynamicQuantizeMatMul", inputs, domain=MS, rtol=1e-5, atol=1e-5)
+    inputs = {"A": a, "B": rand_q(rng, np.int8, (8, 5)), "b_scale": F32(0.02), "b_zero_point": None}
+    check_dynamic_quantize_matmul(inputs, domain=MS)
 
 
 @pytest.mark.parametrize("a_type,b_type", GEMM_TYPES)
@@ -492,7 +512,15 @@ def test_matmul_integer_to_float(a_type, b_type, zeros, rng):
         }[zeros],
         "bias": rng.standard_normal(n).astype(F32),
     }
-    check_node("MatMulIntegerToFloat", inputs, domain=MS, rtol=1e-5, atol=1e-5)
+    check_matmul_integer_to_float(inputs, rtol=1e-5, atol=1e-5)
+
+
+def check_matmul_integer_to_float(inputs, **tolerances):
+    products = [("A", "B", "b_zero_point")]
+    if inputs["A"].dtype == np.int8:  # the int8 x uint8 pair: A is the int8 side
+        products = [("B", "A", "a_zero_point")]
+    expected = portable_reference("MatMulIntegerToFloat", inputs, products=products, domain=MS)
+    check_node("MatMulIntegerToFloat", inputs, domain=MS, expected=expected, **tolerances)
 
 
 def test_matmul_integer_to_float_per_column_a_scale(rng):
@@ -506,7 +534,7 @@ def test_matmul_integer_to_float_per_column_a_scale(rng):
         "b_zero_point": None,
         "bias": rng.standard_normal(n).astype(F32),
     }
-    check_node("MatMulIntegerToFloat", inputs, domain=MS, rtol=1e-5, atol=1e-5)
+    check_matmul_integer_to_float(inputs, rtol=1e-5, atol=1e-5)
     # With both scales per column, ONNX Runtime 1.32 computes (acc * a_scale + bias) * b_scale,
     # scaling the bias; with either one a scalar it adds the bias unscaled. Transmuter always
     # computes acc * a_scale * b_scale + bias.
@@ -528,7 +556,7 @@ def test_matmul_integer_to_float_float16(rng):
         "b_zero_point": None,
         "bias": rng.standard_normal(5).astype(np.float16),
     }
-    check_node("MatMulIntegerToFloat", inputs, domain=MS, rtol=1e-3, atol=2e-3)
+    check_matmul_integer_to_float(inputs, rtol=1e-3, atol=2e-3)
 
 
 # DynamicQuantizeLSTM: ONNX Runtime quantizes the hidden state per chunk of the batch, one chunk
@@ -536,21 +564,25 @@ def test_matmul_integer_to_float_float16(rng):
 
 
 def check_lstm(inputs, attrs, *, tol=2e-5):
-    model = make_node_model(
-        "DynamicQuantizeLSTM",
-        inputs,
-        attrs,
-        domain=MS,
-        outputs=3,
-        constants=["W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point"],
-    )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
+    constants = ["W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point"]
+    options = dict(domain=MS, outputs=3, constants=constants)
+    model = make_node_model("DynamicQuantizeLSTM", inputs, attrs, **options)
+    # X and the hidden state are quantized to uint8 inside the op: u8 x W and u8 x R, which ORT
+    # may saturate (opcheck.PAIR_LIMIT); the reference then takes W and R moved to uint8.
+    reference = dict(inputs)
+    for weight in ("W", "R"):
+        if ort_may_saturate(np.full(1, 255, np.uint8), np.asarray(inputs[weight])):
+            reference[weight], reference[f"{weight}_zero_point"] = as_uint8(
+                inputs[weight], inputs[f"{weight}_zero_point"]
+            )
+    reference_model = make_node_model("DynamicQuantizeLSTM", reference, attrs, **options)
+    ort_options = ort.SessionOptions()
+    ort_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort_options.intra_op_num_threads = 1
     session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        reference_model.SerializeToString(), ort_options, providers=["CPUExecutionProvider"]
     )
-    expected = session.run(None, feeds(model, inputs))
+    expected = session.run(None, feeds(reference_model, reference))
     for mode, outputs in transmuter_runs(model, inputs).items():
         for i, (got, want) in enumerate(zip(outputs, expected, strict=True)):
             assert_close(got, want, rtol=tol, atol=tol, what=f"output {i} ({mode})")

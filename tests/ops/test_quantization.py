@@ -9,7 +9,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
-from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
+from opcheck import (
+    assert_close,
+    check_node,
+    make_node_model,
+    ort_run,
+    portable_reference,
+    transmuter_runs,
+)
 
 from transmuter.errors import TransmuterError
 from transmuter.lowering.ops.quantization import _conv_by_taps
@@ -395,25 +402,26 @@ def test_matmul_integer(a_type, b_type, zeros, rng):
     a, b = rand_int(rng, a_type, (5, 7)), rand_int(rng, b_type, (7, 3))
     za = {"none": None, "scalar": a_type(3), "column": a_type(3)}[zeros]
     zb = {"none": None, "scalar": b_type(2), "column": rand_int(rng, b_type, (3,))}[zeros]
-    check_node(
-        "MatMulInteger",
-        {"A": a, "B": b, "za": za, "zb": zb},
-        opset=10,
-        input_names=["A", "B", "za", "zb"],
-    )
+    inputs = {"A": a, "B": b, "za": za, "zb": zb}
+    # ONNX Runtime's u8 x s8 products may saturate (opcheck.PAIR_LIMIT): compare those with
+    # the same products moved to u8 x u8.
+    products = [("A", "B", "zb")] if b_type == np.int8 else [("B", "A", "za")]
+    options = dict(opset=10, input_names=["A", "B", "za", "zb"])
+    expected = portable_reference("MatMulInteger", inputs, products=products, **options)
+    check_node("MatMulInteger", inputs, expected=expected, **options)
 
 
 def test_matmul_integer_batched_and_per_row(rng):
     a, b = rand_int(rng, np.uint8, (2, 4, 6)), rand_int(rng, np.int8, (6, 5))
-    check_node(
-        "MatMulInteger",
+    for inputs in [
         {"A": a, "B": b, "za": np.uint8(128), "zb": rand_int(rng, np.int8, (5,))},
-        opset=10,
-    )
-    check_node(
-        "MatMulInteger", {"A": a[0, 0], "B": b, "za": np.uint8(1)}, opset=10
-    )  # vector @ matrix
-    check_node("MatMulInteger", {"A": a[:, :0], "B": b}, opset=10)  # zero rows
+        {"A": a[0, 0], "B": b, "za": np.uint8(1), "zb": None},  # vector @ matrix
+        {"A": a[:, :0], "B": b, "za": None, "zb": None},  # zero rows
+    ]:
+        expected = portable_reference(
+            "MatMulInteger", inputs, products=[("A", "B", "zb")], opset=10
+        )
+        check_node("MatMulInteger", inputs, opset=10, expected=expected)
     # ONNX Runtime takes only per-tensor zero points for A: compare per-row ones with numpy.
     zero = rand_int(rng, np.uint8, (4,))
     inputs = {"A": a[0], "B": b, "za": zero}
@@ -535,11 +543,14 @@ def test_qlinear_matmul(opset, types, rng):
         "sy": np.float32(0.4),
         "zy": ty(7),
     }
-    check_node("QLinearMatMul", inputs, opset=opset)
     per_column = dict(
         inputs, sb=rng.uniform(0.01, 0.05, 5).astype(np.float32), zb=rand_int(rng, tb, (5,)) // 8
     )
-    check_node("QLinearMatMul", per_column, opset=opset)
+    for case in (inputs, per_column):
+        expected = portable_reference(
+            "QLinearMatMul", case, products=[("a", "b", "zb")], opset=opset
+        )
+        check_node("QLinearMatMul", case, opset=opset, expected=expected)
 
 
 def test_qlinear_matmul_per_row_and_half_scales(rng):
@@ -621,7 +632,10 @@ def test_qlinear_conv(case, types, per_channel, rng):
         "zy": ty(5),
         "B": rng.integers(-500, 500, filters).astype(np.int32),
     }
-    check_node("QLinearConv", inputs, attrs, opset=10)
+    expected = portable_reference(
+        "QLinearConv", inputs, attrs, products=[("x", "w", "zw")], opset=10
+    )
+    check_node("QLinearConv", inputs, attrs, opset=10, expected=expected)
 
 
 def test_qlinear_conv_without_bias_and_per_channel_zero(rng):
