@@ -1,5 +1,5 @@
 """Every registered lowering agrees with the schema of each since-version it claims: onnx's
-for ai.onnx, ONNX Runtime's for com.microsoft and for the few ai.onnx-domain ops only ONNX
+for ai.onnx and ai.onnx.ml, ONNX Runtime's for com.microsoft and for the few ai.onnx-domain ops only ONNX
 Runtime defines (the legacy LayerNormalization-1, SimplifiedLayerNormalization)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from onnx import helper
 
 from transmuter.lowering import registered
 
-REGISTERED = [d for d in registered() if d.domain in ("", "com.microsoft")]
+REGISTERED = [d for d in registered() if d.domain in ("", "ai.onnx.ml", "com.microsoft")]
+ONNX_DOMAINS = ("", "ai.onnx.ml")  # schemas from onnx.defs; com.microsoft's from ONNX Runtime
 
 
 @functools.cache
@@ -30,7 +31,7 @@ def _ort_schemas() -> dict[tuple[str, str], list]:
 
 def _schema(opdef):
     """The schema in force at the registered since-version, as onnx.defs.get_schema finds it."""
-    if opdef.domain == "":
+    if opdef.domain in ONNX_DOMAINS:
         try:
             return onnx.defs.get_schema(opdef.op_type, opdef.since, opdef.domain)
         except onnx.defs.SchemaError:

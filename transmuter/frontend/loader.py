@@ -246,6 +246,9 @@ def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:
         return ir.SequenceType(_value_type(tp.sequence_type.elem_type, owner))
     if which == "optional_type":
         return ir.OptionalType(_value_type(tp.optional_type.elem_type, owner))
+    if which == "map_type":
+        key = dtypes.from_onnx(tp.map_type.key_type)
+        return ir.MapType(key, _value_type(tp.map_type.value_type, owner))
     return None
 
 

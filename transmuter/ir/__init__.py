@@ -3,6 +3,7 @@
 from transmuter.ir.graph import (
     Dim,
     Graph,
+    MapType,
     Model,
     Node,
     OptionalType,
@@ -17,6 +18,7 @@ from transmuter.ir.graph import (
 __all__ = [
     "Dim",
     "Graph",
+    "MapType",
     "Model",
     "Node",
     "OptionalType",

@@ -56,7 +56,19 @@ class OptionalType:
         return f"optional({self.elem})"
 
 
-ValueType = TensorType | SequenceType | OptionalType
+@dataclass(frozen=True)
+class MapType:
+    """An ONNX map: a Python dict at run time, keys `key` (int64 as Python ints, or strings),
+    values of `value` type (numpy scalars or arrays)."""
+
+    key: np.dtype
+    value: ValueType | None
+
+    def __str__(self) -> str:
+        return f"map({np.dtype(self.key).name}, {self.value})"
+
+
+ValueType = TensorType | SequenceType | OptionalType | MapType
 
 
 @dataclass(frozen=True)

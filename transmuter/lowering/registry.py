@@ -29,6 +29,9 @@ class OpDef:
     one of its outputs from a differentiated input raises instead of being silently wrong.
     Operators that are merely piecewise constant (Floor, ArgMax, a Cast to int) keep JAX's zero
     gradient and stay differentiable.
+    host_outputs: the op builds host-only values (maps) from data it needs on the host: the
+    compiling runtime runs it after the segment before it, which compiles whatever its length
+    (the node is a graph's tail that XLA cannot hold, not a break that decides shapes).
     """
 
     domain: str
@@ -40,6 +43,7 @@ class OpDef:
     context: bool
     random: bool
     differentiable: bool
+    host_outputs: bool = False
 
     @property
     def name(self) -> str:
@@ -59,6 +63,7 @@ def op(
     context: bool = False,
     random: bool = False,
     differentiable: bool = True,
+    host_outputs: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of `op_type` for each since-version in `since`.
 
@@ -84,6 +89,7 @@ def op(
                 context,
                 random,
                 differentiable,
+                host_outputs,
             )
         return fn
 

@@ -88,11 +88,14 @@ class Plan:
 
 
 def is_host(value: Any) -> bool:
-    """True for values known on the host: numpy arrays, None, and lists of host values."""
+    """True for values known on the host: numpy arrays, None, lists of host values, and maps
+    (dicts) whose values are numpy scalars, strings or host values."""
     if value is None or isinstance(value, np.ndarray):
         return True
     if isinstance(value, list):
         return all(is_host(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(v, (np.generic, str)) or is_host(v) for v in value.values())
     return False
 
 
@@ -102,6 +105,8 @@ def to_host(value: Any) -> Any:
         return value
     if isinstance(value, list):
         return [to_host(v) for v in value]
+    if isinstance(value, dict):
+        return {k: v if isinstance(v, (np.generic, str)) else to_host(v) for k, v in value.items()}
     if isinstance(value, jax.Array):
         return np.asarray(value)
     if isinstance(value, (bool, int, float, complex, np.generic)):
@@ -114,6 +119,8 @@ def to_host(value: Any) -> Any:
 def _is_traced(value: Any) -> bool:
     if isinstance(value, list):
         return any(_is_traced(v) for v in value)
+    if isinstance(value, dict):
+        return any(_is_traced(v) for v in value.values())
     return isinstance(value, jax.core.Tracer)
 
 
@@ -300,6 +307,8 @@ def _describe(value: Any) -> str:
         return "None"
     if isinstance(value, list):
         return f"sequence[{len(value)}]"
+    if isinstance(value, dict):
+        return f"map[{len(value)}]"
     if isinstance(value, OpContext):
         return ""
     shape = getattr(value, "shape", None)

@@ -121,6 +121,12 @@ def _host_reads(plan: Plan) -> set[str]:
 
 
 def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
+    if isinstance(spec, ir.MapType):
+        return _check_map(name, value, spec)
+    if isinstance(spec, ir.SequenceType) and isinstance(spec.elem, ir.MapType):
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"input {name!r} expects {spec} (a list of dicts), got {type(value)}")
+        return [_check_map(f"{name}[{i}]", v, spec.elem) for i, v in enumerate(value)]
     if not isinstance(spec, ir.TensorType):
         return value  # sequences, optionals and undeclared types are taken as given
     value = _as_array(name, value, spec.dtype)
@@ -134,6 +140,30 @@ def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
             if isinstance(want, int) and want != have:
                 raise InputError(f"input {name!r} expects {spec}, got {got} (axis {axis})")
     return value
+
+
+def _check_map(name: str, value: Any, spec: ir.MapType) -> dict:
+    """A map input as a dict with Python int or str keys and values of the declared type: numpy
+    scalars (strings stay str), or arrays where the values are tensors of rank 1 or more."""
+    if not isinstance(value, Mapping):
+        raise InputError(f"input {name!r} expects {spec} (a dict), got {type(value).__name__}")
+    strings = np.dtype(spec.key) == np.dtype(object)
+    value_spec = spec.value if isinstance(spec.value, ir.TensorType) else None
+    out = {}
+    for key, item in value.items():
+        if strings != isinstance(key, str):
+            raise InputError(f"input {name!r} expects {spec}, got the key {key!r}")
+        key = key if strings else int(key)
+        if value_spec is None:
+            out[key] = item
+        elif value_spec.dtype == np.dtype(object):
+            if not isinstance(item, str):
+                raise InputError(f"input {name!r} expects {spec}, got the value {item!r}")
+            out[key] = item
+        else:
+            array = np.asarray(_as_array(name, item, value_spec.dtype), value_spec.dtype)
+            out[key] = array[()] if array.ndim == 0 else array
+    return out
 
 
 # Which kinds of Python value may take a declared dtype of which kind ("f": any float type).

@@ -100,7 +100,7 @@ class SegmentRunner:
         for name in varying:
             if name in env:
                 value = env[name]
-                if is_host(value) and name not in self.data:
+                if is_host(value) and (name not in self.data or _holds_strings(value)):
                     host_digests.append((name, _digest(value)))
                 else:
                     device_args[name] = value
@@ -141,7 +141,9 @@ class SegmentRunner:
         return self._reads[start]
 
     def build(self, start, env, device_args, host_names, metadata, key) -> Segment:
-        host_env = {n: v for n, v in env.items() if is_host(v) and n not in self.data}
+        host_env = {
+            n: v for n, v in env.items() if is_host(v) and (n not in self.data or _holds_strings(v))
+        }
         found: dict[str, Any] = {}
 
         def program(args, key):
@@ -167,8 +169,10 @@ class SegmentRunner:
             stop = found["stop"]
             length = (stop if stop is not None else len(self.plan.steps)) - start
             # A short segment around a break costs more to compile than to run op by op; a graph
-            # without breaks always compiles, whatever its size.
-            eager = (start > 0 or stop is not None) and length < self.eager_threshold
+            # without breaks always compiles, whatever its size, and so does one whose only break
+            # is a node building host values (ZipMap's maps) from the segment's results.
+            tail = stop is not None and self.plan.steps[stop].opdef.host_outputs
+            eager = (start > 0 or (stop is not None and not tail)) and length < self.eager_threshold
             disk = None
             if not eager:
                 with _DiskCacheProbe() as probe:
@@ -244,7 +248,20 @@ def signature(value: Any) -> Any:
         return None
     if isinstance(value, list):
         return tuple(signature(v) for v in value)
+    if isinstance(value, dict):  # a map: its keys are part of the program's structure
+        return ("map", tuple((k, signature(value[k])) for k in sorted(value)))
+    if isinstance(value, str):  # a map's string value: keyed by content (host values)
+        return ("str", value)
     return (tuple(value.shape), np.dtype(value.dtype).name)
+
+
+def _holds_strings(value: Any) -> bool:
+    """Whether a value holds strings, which cannot be program arguments (maps of strings)."""
+    if isinstance(value, list):
+        return any(_holds_strings(v) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, str) or _holds_strings(v) for v in value.values())
+    return isinstance(value, np.ndarray) and value.dtype == object
 
 
 def _digest(value: Any) -> Any:
@@ -253,6 +270,8 @@ def _digest(value: Any) -> Any:
         return None
     if isinstance(value, list):
         return tuple(_digest(v) for v in value)
+    if isinstance(value, dict):
+        return ("map", tuple((k, _digest(np.asarray(value[k]))) for k in sorted(value)))
     if value.dtype == object:
         return (value.shape, tuple(value.ravel().tolist()))
     data = np.ascontiguousarray(value)

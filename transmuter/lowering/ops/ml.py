@@ -4,9 +4,8 @@ String tensors live on the host (DESIGN.md), so an op that reads or writes strin
 numpy; when its numeric input is traced, it raises HostValueNeeded and the compiling runtime runs
 the node eagerly. Everything numeric runs with jax.numpy, on the host or the device.
 
-Tree ensembles are evaluated as arrays: the nodes and leaves of every tree share one index space,
-and every (sample, tree) pair walks one level per step for as many steps as the deepest tree has
-interior nodes, by gathers, so a batch runs without host round trips.
+Tree ensembles live in ml_trees.py, support vector machines in ml_svm.py, and the operators on
+maps (ZipMap, CastMap, DictVectorizer) in ml_maps.py; they share this module's helpers.
 
 Post transforms follow ONNX Runtime where the spec gives no formula: SOFTMAX_ZERO leaves zero
 scores at zero (all 0.5 when every score is zero), PROBIT uses ONNX Runtime's closed-form erfinv
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from transmuter.errors import HostValueNeeded, ShapeError
 from transmuter.lowering import op
@@ -33,13 +31,13 @@ def _is_strings(value) -> bool:
     return isinstance(value, np.ndarray) and value.dtype == object
 
 
-def _strings(values, shape) -> np.ndarray:
+def strings_array(values, shape) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = list(values)
     return out.reshape(shape)
 
 
-def _on_host(ctx, value, position: int, why: str) -> np.ndarray:
+def host_value(ctx, value, position: int, why: str) -> np.ndarray:
     """`value` (node input `position`) as numpy; a traced value is a graph break."""
     if isinstance(value, jax.core.Tracer):
         node = ctx.node
@@ -47,7 +45,7 @@ def _on_host(ctx, value, position: int, why: str) -> np.ndarray:
     return np.asarray(value)
 
 
-def _one_of(op_type: str, what: str, **candidates):
+def one_of(op_type: str, what: str, **candidates):
     """The name and value of the single attribute among `candidates` that is set."""
     given = [(name, value) for name, value in candidates.items() if value is not None]
     if len(given) != 1:
@@ -58,7 +56,18 @@ def _one_of(op_type: str, what: str, **candidates):
     return given[0]
 
 
-def _rows(op_type: str, x):
+def class_labels(ctx, op_type: str, X, **candidates):
+    """A classifier's labels, from whichever of the `candidates` attributes is set, and its X:
+    int64 labels, or strings, which need X on the host (the label output is a string tensor
+    picked by its scores there)."""
+    name, labels = one_of(op_type, "the class labels", **candidates)
+    if name == "classlabels_strings":
+        X = host_value(ctx, X, 0, "the input of a classifier with string labels")
+        return strings_array(labels, (-1,)), X
+    return np.asarray(labels, np.int64), X
+
+
+def as_rows(op_type: str, x):
     """X as [N, C]: a vector is one row."""
     x = jnp.asarray(x)
     if x.ndim == 1:
@@ -107,10 +116,10 @@ _POST_TRANSFORMS = {
 }
 
 
-_TRANSFORM_CODES = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # TreeEnsemble-5
+TRANSFORM_CODES = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # TreeEnsemble-5
 
 
-def _post_transform(op_type: str, scores, name: str):
+def apply_post_transform(op_type: str, scores, name: str):
     if name not in _POST_TRANSFORMS:
         raise ValueError(
             f"{op_type}: post_transform {name!r} is not one of {', '.join(_POST_TRANSFORMS)}"
@@ -133,7 +142,7 @@ def binarizer(X, *, threshold=0.0):
 def array_feature_extractor(ctx, X, Y):
     """ONNX-ML ArrayFeatureExtractor-1: X[..., Y.flatten()]; a vector X gives one row."""
     if _is_strings(X):
-        indices = _on_host(ctx, Y, 1, "indices into a string tensor").reshape(-1)
+        indices = host_value(ctx, Y, 1, "indices into a string tensor").reshape(-1)
         xp = np
     else:
         indices, xp = Y.reshape(-1), jnp
@@ -198,7 +207,7 @@ def normalizer(X, *, norm="MAX"):
     """ONNX-ML Normalizer-1: each row divided by its max, L1 or L2 norm, as float32."""
     x = jnp.asarray(X)
     dtype = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
-    rows = _rows("Normalizer", x).astype(dtype)
+    rows = as_rows("Normalizer", x).astype(dtype)
     # MAX divides by the largest value, signed (the spec and ONNX Runtime; onnx.reference takes
     # the largest |x|); L1 and L2 are the norms of |x| (ONNX Runtime; the spec's formulas drop
     # the absolute values). A zero divisor leaves the row as it is.
@@ -238,7 +247,7 @@ def feature_vectorizer(*X, inputdimensions=None):
 def one_hot_encoder(ctx, X, *, cats_int64s=None, cats_strings=None, zeros=1):
     """ONNX-ML OneHotEncoder-1: a trailing axis with 1.0 at the category's position (float32);
     numeric inputs are truncated to int64 first."""
-    name, cats = _one_of(
+    name, cats = one_of(
         "OneHotEncoder", "the categories", cats_int64s=cats_int64s, cats_strings=cats_strings
     )
     if _is_strings(X) != (name == "cats_strings"):
@@ -262,7 +271,7 @@ def one_hot_encoder(ctx, X, *, cats_int64s=None, cats_strings=None, zeros=1):
 def _linear(op_type: str, x, coefficients, intercepts):
     """X [N, F] (a vector is one row) times the [targets, F] coefficients, plus intercepts, in
     float32 (float64 for float64 X)."""
-    x = _rows(op_type, x)
+    x = as_rows(op_type, x)
     dtype = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
     weights = np.asarray(coefficients or (), np.float64)
     features = x.shape[1]
@@ -289,7 +298,7 @@ def linear_regressor(X, *, coefficients=None, intercepts=None, post_transform="N
         raise ShapeError(
             f"LinearRegressor: the coefficients give {scores.shape[1]} targets, not {targets}"
         )
-    return _post_transform("LinearRegressor", scores, post_transform).astype(jnp.float32)
+    return apply_post_transform("LinearRegressor", scores, post_transform).astype(jnp.float32)
 
 
 @op("LinearClassifier", since=1, domain=ML, context=True)
@@ -306,15 +315,10 @@ def linear_classifier(
 ):
     """ONNX-ML LinearClassifier-1: scores post_transform(X W' + b) [N, E] and the label of the
     best score per row. multi_class does not change the result (nor in ONNX Runtime)."""
-    name, labels = _one_of(
-        "LinearClassifier", "the class labels",
+    labels, X = class_labels(
+        ctx, "LinearClassifier", X,
         classlabels_ints=classlabels_ints, classlabels_strings=classlabels_strings,
     )  # fmt: skip
-    if name == "classlabels_strings":
-        labels = _strings(labels, (-1,))
-        X = _on_host(ctx, X, 0, "the input of a classifier with string labels")
-    else:
-        labels = np.asarray(labels, np.int64)
     scores = _linear("LinearClassifier", X, coefficients, intercepts)
     if scores.shape[1] == 1:
         # One score column is a binary classifier (ONNX Runtime): the score s (or its logistic
@@ -324,7 +328,7 @@ def linear_classifier(
                 "LinearClassifier: one score column needs exactly 2 class labels and "
                 f"post_transform NONE or LOGISTIC; got {len(labels)} labels, {post_transform!r}"
             )
-        second = _post_transform("LinearClassifier", scores, post_transform)
+        second = apply_post_transform("LinearClassifier", scores, post_transform)
         best = (scores[:, 0] > 0).astype(jnp.int64)
         scores = jnp.concatenate([1 - second, second], axis=1)
     else:
@@ -332,7 +336,7 @@ def linear_classifier(
             raise ShapeError(
                 f"LinearClassifier: {len(labels)} class labels for {scores.shape[1]} score columns"
             )
-        scores = _post_transform("LinearClassifier", scores, post_transform)
+        scores = apply_post_transform("LinearClassifier", scores, post_transform)
         best = jnp.argmax(scores, axis=1)
     if labels.dtype == object:
         return labels[np.asarray(best)], scores.astype(jnp.float32)
@@ -380,7 +384,7 @@ def _map(ctx, x, keys: np.ndarray, values: np.ndarray, default) -> object:
         found = [latest.get(v, missing) for v in x.reshape(-1)]
         return table[np.asarray(found, np.int64)].reshape(x.shape)
     if values.dtype == object:
-        xp, x = np, _on_host(ctx, x, 0, "values mapped to strings")
+        xp, x = np, host_value(ctx, x, 0, "values mapped to strings")
     else:
         xp, x = jnp, jnp.asarray(x)
     if np.dtype(x.dtype) != keys.dtype:
@@ -400,7 +404,7 @@ def _map(ctx, x, keys: np.ndarray, values: np.ndarray, default) -> object:
 def label_encoder_v1(ctx, X, *, classes_strings=None, default_int64=-1, default_string="_Unused"):
     """ONNX-ML LabelEncoder-1: strings to their index in classes_strings, or int64 indices to
     the string there; the input type picks the direction."""
-    classes = _strings(classes_strings or (), (-1,))
+    classes = strings_array(classes_strings or (), (-1,))
     indices = np.arange(len(classes), dtype=np.int64)
     if _is_strings(X):
         return _map(ctx, X, classes, indices, default_int64)
@@ -414,14 +418,14 @@ def _typed(op_type: str, name: str, value):
             raise ShapeError(f"{op_type}: {name} must be 1-D, got shape {list(value.shape)}")
         return value
     if name.endswith("strings"):
-        return _strings(value, (-1,))
+        return strings_array(value, (-1,))
     return np.asarray(value, np.int64 if name.endswith("int64s") else np.float32)
 
 
 def _label_encoder(ctx, x, keys, values, defaults, default_tensor=None):
     op_type = ctx.node.op_type
-    key_name, keys = _one_of(op_type, "the keys", **keys)
-    value_name, values = _one_of(op_type, "the values", **values)
+    key_name, keys = one_of(op_type, "the keys", **keys)
+    value_name, values = one_of(op_type, "the values", **values)
     keys, values = _typed(op_type, key_name, keys), _typed(op_type, value_name, values)
     if len(keys) != len(values):
         raise ShapeError(
@@ -506,7 +510,7 @@ def category_mapper(
 ):
     """ONNX-ML CategoryMapper-1: strings to int64 or int64 to strings through the parallel
     cats_strings/cats_int64s lists; the input type picks the direction."""
-    strings = _strings(cats_strings or (), (-1,))
+    strings = strings_array(cats_strings or (), (-1,))
     ints = np.asarray(cats_int64s or (), np.int64)
     if len(strings) != len(ints):
         raise ShapeError(
@@ -515,221 +519,3 @@ def category_mapper(
     if _is_strings(X):
         return _map(ctx, X, strings, ints, default_int64)
     return _map(ctx, X, ints, strings, default_string)
-
-
-# ----------------------------------------------------------------------------- tree ensembles
-
-# nodes_modes 0..5 (BRANCH_LEQ, LT, GTE, GT, EQ, NEQ); 6 is BRANCH_MEMBER.
-_COMPARE = (jnp.less_equal, jnp.less, jnp.greater_equal, jnp.greater, jnp.equal, jnp.not_equal)
-_MEMBER = 6
-
-
-@dataclass(frozen=True)
-class _Forest:
-    """Trees as arrays over one index space: interior nodes first, then leaves (which point to
-    themselves). `steps` is the most interior nodes on any root-to-leaf path."""
-
-    roots: np.ndarray  # [T]
-    feature: np.ndarray  # [K]
-    split: np.ndarray  # [K]
-    mode: np.ndarray  # [K] 0..6 as in TreeEnsemble-5; leaves 0
-    true_next: np.ndarray  # [K]
-    false_next: np.ndarray  # [K]
-    nan_true: np.ndarray  # [K] bool
-    members: np.ndarray  # [K, M] the set of a BRANCH_MEMBER node, NaN-padded
-    n_nodes: int
-    steps: int
-
-
-def _forest(
-    op_type, roots, feature, split, mode, true_next, false_next, nan_true, members, n_leaves
-):
-    """Check the structure and measure its depth on the host."""
-    n_nodes = len(feature)
-    size = n_nodes + n_leaves
-    for name, ids in (("true", true_next), ("false", false_next)):
-        if ids.size and (ids.min() < 0 or ids.max() >= size):
-            raise ShapeError(f"{op_type}: a {name} branch points outside the {size} nodes/leaves")
-    if roots.size and (roots.min() < 0 or roots.max() >= n_nodes):
-        raise ShapeError(f"{op_type}: a tree root is not one of the {n_nodes} nodes")
-    steps, level = 0, np.unique(roots)
-    while level.size:
-        steps += 1
-        if steps > n_nodes:
-            raise ValueError(f"{op_type}: the trees contain a cycle")
-        children = np.concatenate([true_next[level], false_next[level]])
-        level = np.unique(children[children < n_nodes])
-    leaves = np.arange(n_nodes, size)
-
-    def extend(values, leaf_value):
-        return np.concatenate([values, np.full(n_leaves, leaf_value, values.dtype)])
-
-    return _Forest(
-        roots.astype(np.int64),
-        extend(feature.astype(np.int64), 0),
-        extend(split, 0),
-        extend(mode.astype(np.int64), 0),
-        np.concatenate([true_next, leaves]).astype(np.int64),
-        np.concatenate([false_next, leaves]).astype(np.int64),
-        extend(nan_true.astype(bool), False),
-        np.concatenate([members, np.full((n_leaves, members.shape[1]), np.nan, members.dtype)]),
-        n_nodes,
-        steps,
-    )
-
-
-def _walk(op_type: str, x, forest: _Forest):
-    """The leaf (position among the leaves) each sample reaches in each tree: [N, T]."""
-    if x.ndim != 2:
-        raise ShapeError(f"{op_type}: X must be [N, F], got shape {list(x.shape)}")
-    interior = forest.feature[: forest.n_nodes]
-    split_only = forest.true_next[: forest.n_nodes] != forest.false_next[: forest.n_nodes]
-    used_features = interior[split_only]
-    if used_features.size and (used_features.min() < 0 or used_features.max() >= x.shape[1]):
-        raise ShapeError(
-            f"{op_type}: nodes split on features {used_features.min()}..{used_features.max()} "
-            f"but X has {x.shape[1]}"
-        )
-    feature = jnp.asarray(np.where(forest.feature < x.shape[1], forest.feature, 0))
-    dtype = jnp.promote_types(x.dtype, forest.split.dtype)
-    x = x.astype(dtype)
-    split, members = jnp.asarray(forest.split, dtype), jnp.asarray(forest.members, dtype)
-    mode, nan_true = jnp.asarray(forest.mode), jnp.asarray(forest.nan_true)
-    true_next, false_next = jnp.asarray(forest.true_next), jnp.asarray(forest.false_next)
-    used = sorted(set(forest.mode[: forest.n_nodes].tolist()))
-
-    def step(_, at):
-        value = jnp.take_along_axis(x, feature[at], axis=1)
-        node_mode = mode[at]
-        go_true = nan_true[at] & jnp.isnan(value)
-        for m in used:
-            if m == _MEMBER:
-                hit = jnp.any(value[..., None] == members[at], axis=-1)
-            else:
-                hit = _COMPARE[m](value, split[at])
-            go_true = go_true | ((node_mode == m) & hit)
-        return jnp.where(go_true, true_next[at], false_next[at])
-
-    start = jnp.broadcast_to(jnp.asarray(forest.roots), (x.shape[0], forest.roots.size))
-    return lax.fori_loop(0, forest.steps, step, start) - forest.n_nodes
-
-
-_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-
-
-def _aggregate(leaf, weights: np.ndarray, targets: np.ndarray, n_targets: int, aggregate, dtype):
-    """Scores [N, n_targets]: the weights of the leaves reached ([N, T] positions into the
-    per-leaf `weights` and `targets`), combined per target over the trees."""
-    # float16 scores accumulate in float32 and round once.
-    acc = jnp.float64 if dtype == jnp.float64 else jnp.float32
-    n, trees = leaf.shape
-    weight = jnp.asarray(weights, acc)[leaf]
-    target = jnp.asarray(targets)[leaf]
-    rows = jnp.broadcast_to(jnp.arange(n)[:, None], target.shape)
-    if aggregate in ("SUM", "AVERAGE"):
-        scores = jnp.zeros((n, n_targets), acc).at[rows, target].add(weight)
-        return scores / trees if aggregate == "AVERAGE" and trees else scores
-    at = jnp.full((n, n_targets), jnp.inf if aggregate == "MIN" else -jnp.inf, acc).at[rows, target]
-    scores = at.min(weight) if aggregate == "MIN" else at.max(weight)
-    # A target no leaf reaches scores 0, as in ONNX Runtime (onnx.reference leaves the float
-    # type's extreme there; the spec does not say).
-    reached = jnp.zeros((n, n_targets), bool).at[rows, target].set(True)
-    return jnp.where(reached, scores, 0).astype(acc)
-
-
-@op("TreeEnsemble", since=5, domain=ML)
-def tree_ensemble(
-    X,
-    *,
-    aggregate_function=1,
-    leaf_targetids,
-    leaf_weights,
-    membership_values=None,
-    n_targets=None,
-    nodes_falseleafs,
-    nodes_falsenodeids,
-    nodes_featureids,
-    nodes_hitrates=None,
-    nodes_missing_value_tracks_true=None,
-    nodes_modes,
-    nodes_splits,
-    nodes_trueleafs,
-    nodes_truenodeids,
-    post_transform=0,
-    tree_roots,
-):
-    """ONNX-ML TreeEnsemble-5: per-target aggregate of the leaf weights each sample reaches."""
-    op_type = "TreeEnsemble"
-    x = jnp.asarray(X)
-    modes = np.asarray(nodes_modes).reshape(-1).astype(np.int64)
-    n_nodes, n_leaves = len(nodes_featureids), len(leaf_targetids)
-    lengths = {
-        "nodes_modes": modes.size, "nodes_splits": np.asarray(nodes_splits).size,
-        "nodes_truenodeids": len(nodes_truenodeids), "nodes_falsenodeids": len(nodes_falsenodeids),
-        "nodes_trueleafs": len(nodes_trueleafs), "nodes_falseleafs": len(nodes_falseleafs),
-    }  # fmt: skip
-    if nodes_missing_value_tracks_true is not None:
-        lengths["nodes_missing_value_tracks_true"] = len(nodes_missing_value_tracks_true)
-    wrong = {k: v for k, v in lengths.items() if v != n_nodes}
-    if wrong or np.asarray(leaf_weights).size != n_leaves:
-        raise ShapeError(
-            f"{op_type}: every nodes_* attribute must have nodes_featureids' length {n_nodes} "
-            f"(got {wrong}) and leaf_weights leaf_targetids' length {n_leaves}"
-        )
-    if modes.size and (modes.min() < 0 or modes.max() > _MEMBER):
-        raise ValueError(f"{op_type}: nodes_modes must be in [0, 6], got {sorted(set(modes))}")
-    split = np.asarray(nodes_splits).reshape(-1)
-    members = _member_sets(op_type, modes, membership_values, split.dtype)
-
-    def next_ids(ids, leafs):
-        ids, leafs = np.asarray(ids, np.int64), np.asarray(leafs, bool)
-        if ids.size and ids.min() < 0:
-            raise ShapeError(f"{op_type}: a branch points to a negative node or leaf id")
-        return np.where(leafs, ids + n_nodes, ids)
-
-    forest = _forest(
-        op_type,
-        np.asarray(tree_roots, np.int64),
-        np.asarray(nodes_featureids, np.int64),
-        split,
-        modes,
-        next_ids(nodes_truenodeids, nodes_trueleafs),
-        next_ids(nodes_falsenodeids, nodes_falseleafs),
-        np.asarray(nodes_missing_value_tracks_true or np.zeros(n_nodes), bool),
-        members,
-        n_leaves,
-    )
-    targets = np.asarray(leaf_targetids, np.int64)
-    if n_targets is None:
-        n_targets = int(targets.max()) + 1 if targets.size else 0
-    if not 0 <= aggregate_function < len(_AGGREGATES):
-        raise ValueError(f"{op_type}: aggregate_function must be in [0, 3]")
-    if not 0 <= post_transform < len(_TRANSFORM_CODES):
-        raise ValueError(f"{op_type}: post_transform must be in [0, 4]")
-    if targets.size and (targets.min() < 0 or targets.max() >= n_targets):
-        raise ShapeError(f"{op_type}: leaf_targetids must be in [0, {n_targets})")
-    leaf = _walk(op_type, x, forest)
-    weights = np.asarray(leaf_weights).reshape(-1)
-    scores = _aggregate(leaf, weights, targets, n_targets, _AGGREGATES[aggregate_function], x.dtype)
-    return _post_transform(op_type, scores, _TRANSFORM_CODES[post_transform]).astype(x.dtype)
-
-
-def _member_sets(op_type: str, modes: np.ndarray, membership_values, dtype) -> np.ndarray:
-    """[nodes, M] with the NaN-delimited sets of membership_values on the BRANCH_MEMBER nodes,
-    in order, NaN-padded."""
-    member_nodes = np.flatnonzero(modes == _MEMBER)
-    values = np.asarray([] if membership_values is None else membership_values, dtype).reshape(-1)
-    breaks = np.flatnonzero(np.isnan(values))
-    if values.size and not np.isnan(values[-1]):
-        breaks = np.append(breaks, values.size)  # the last set needs no closing NaN
-    if len(breaks) < len(member_nodes):
-        raise ValueError(
-            f"{op_type}: {len(member_nodes)} nodes are BRANCH_MEMBER but membership_values "
-            f"holds {len(breaks)} NaN-delimited sets"
-        )
-    sets = np.split(values, breaks[:-1] + 1) if len(breaks) else []
-    sets = [s[~np.isnan(s)] for s in sets][: len(member_nodes)]
-    out = np.full((len(modes), max((len(s) for s in sets), default=0)), np.nan, dtype)
-    for node, members in zip(member_nodes, sets):
-        out[node, : len(members)] = members
-    return out
