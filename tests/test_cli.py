@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -161,10 +162,38 @@ def test_export_writes_an_artifact_with_constraints(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-def test_export_without_a_needed_constraint_says_so(tmp_path, capsys):
-    assert main(["export", BERT, "-o", str(tmp_path / "x")]) == 1
+def test_export_derives_the_bound_the_graph_states(tmp_path, capsys):
+    # bert slices a 64-row position table: "sequence <= 64" is derived, not asked for.
+    assert main(["export", BERT, "-o", str(tmp_path / "x"), "--int64-inputs", "int32"]) == 0
+    assert "derived constraint: sequence <= 64" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "x" / "manifest.json").read_text())
+    assert manifest["derived_constraints"] == ["sequence <= 64"] and not manifest["x64"]
+
+
+def test_export_shape_error_no_bound_explains_says_so(tmp_path, capsys):
+    # x's last dim (5) cannot meet the table's (4): no constraint would help.
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Slice", ["shape", "one", "two"], ["length"]),
+            helper.make_node("Slice", ["table", "zero", "length"], ["rows"]),
+            helper.make_node("Add", ["x", "rows"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["sequence", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            onnx.numpy_helper.from_array(np.ones((16, 4), np.float32), "table"),
+            onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            onnx.numpy_helper.from_array(np.array([0], np.int64), "one"),
+            onnx.numpy_helper.from_array(np.array([1], np.int64), "two"),
+        ],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["export", str(path), "-o", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-2].startswith("error: ExportError") and "sequence <= 64" in err[-2]
+    assert err[-2].startswith("error: ExportError") and "no bound the graph states" in err[-2]
     assert err[-1].startswith("hint: ") and "--constraint" in err[-1]
 
 

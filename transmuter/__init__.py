@@ -26,9 +26,9 @@ from transmuter.errors import (
 )
 from transmuter.frontend import hub, load_model
 from transmuter.frontend.saver import Origin, save_model
-from transmuter.ir.compute_type import COMPUTE_TYPES, with_compute_type
+from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
 from transmuter.runtime import CompiledModel, Model, run
-from transmuter.runtime.export import ExportError, export, write_export
+from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
 
 __all__ = [
     "CompiledModel",
@@ -42,6 +42,7 @@ __all__ = [
     "TransmuterError",
     "UnsupportedOpError",
     "compile",
+    "derived_constraints",
     "errors",
     "export",
     "load",
@@ -65,7 +66,11 @@ def load(
 
     trainable=True makes every float initializer a param (see `Model.params`). compute_type
     ("float32", "bfloat16" or "float16") runs the graph's float16, bfloat16 and float32 tensors
-    in that type; inputs and outputs keep the types the file declares.
+    in that type; inputs and outputs keep the types the file declares. By default (None) a graph
+    holding float16 / bfloat16 tensors keeps its weights in that type but computes in float32,
+    rounding only where the graph's interface says half precision: as ONNX Runtime's CPU kernels
+    do, and as accurate (per-op half-precision rounding compounds through residual chains,
+    tests/models/test_variant_models.py). compute_type="float16" keeps every rounding.
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(
@@ -80,6 +85,8 @@ def load(
         graph = load_model(source)
         if compute_type is not None:
             graph = with_compute_type(graph, compute_type)
+        elif runs_half_in_float32(graph):
+            graph = with_compute_type(graph, "float32", keep_storage=True)
         model = Model(graph, trainable=trainable, source=name, origin=Origin(source))
         span.stop_metadata.update(
             node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0)

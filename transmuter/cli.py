@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         "--static", action="append", default=[], metavar="NAME=PATH.npy",
         help="an input fixed at export time, e.g. a use_cache flag (repeat)",
     )  # fmt: skip
+    for which in ("inputs", "outputs"):
+        export.add_argument(
+            f"--int64-{which}", choices=("int64", "int32"), default="int64",
+            help=f"int32 program {which} where ONNX says int64 (runs with x64 off)",
+        )  # fmt: skip
     return parser
 
 
@@ -136,8 +141,18 @@ def _inputs(args, model) -> dict[str, np.ndarray]:
     return checking.example_inputs(model, dims, given=given, config=config)
 
 
-def _spec(value_type) -> str:
-    return str(value_type) if value_type is not None else "undeclared"
+def _spec(value_type, owner: str = "") -> str:
+    if value_type is None:
+        return "undeclared"
+    if isinstance(value_type, ir.TensorType) and value_type.shape is not None:
+        # A dim the file leaves open (no name, or Paddle's -1) carries the loader's fresh name
+        # `<owner>_dim<axis>`, which says nothing to the reader: show it as ONNX Runtime does.
+        dims = ", ".join(
+            "?" if isinstance(d, ir.SymbolicDim) and d.name == f"{owner}_dim{axis}" else str(d)
+            for axis, d in enumerate(value_type.shape)
+        )
+        return f"tensor({np.dtype(value_type.dtype).name})[{dims}]"
+    return str(value_type)
 
 
 def info(args) -> int:
@@ -157,10 +172,10 @@ def info(args) -> int:
     print("inputs:")
     for v in graph.inputs:
         if v.name not in graph.initializers:
-            print(f"  {v.name}: {_spec(v.type)}")
+            print(f"  {v.name}: {_spec(v.type, v.name)}")
     print("outputs:")
     for v in graph.outputs:
-        print(f"  {v.name}: {_spec(v.type)}")
+        print(f"  {v.name}: {_spec(v.type, v.name)}")
     weights = sum(a.nbytes for a in graph.initializers.values())
     print(f"initializers: {len(graph.initializers)} ({weights / 2**20:.1f} MiB)")
     histogram = collections.Counter(
@@ -324,8 +339,11 @@ def export_(args) -> int:
     }
     shapes = _named(args.shape, "--shape", _dims)
     _progress(f"exporting for {', '.join(platforms)} (params {args.params})")
-    exported = transmuter.export(model, shapes or None, platforms=platforms, **options)
+    narrowing = {"int64_inputs": args.int64_inputs, "int64_outputs": args.int64_outputs}
+    exported = transmuter.export(model, shapes or None, platforms=platforms, **options, **narrowing)
     transmuter.write_export(exported, args.output, model=model, **options)
+    for constraint in transmuter.derived_constraints(exported):
+        print(f"derived constraint: {constraint}")
     print(f"wrote {args.output}")
     for path in sorted(args.output.iterdir()):
         print(f"  {path.name}  {path.stat().st_size / 1024:.1f} KiB")

@@ -16,14 +16,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     # Training-mode Dropout with a nonzero ratio: the mask is np.random.uniform after
     # np.random.seed(seed). The zero-ratio cases are deterministic and run normally.
     r"^test_training_dropout(_default)?(_mask)?_(cpu|cuda)$": _NUMPY_RNG,
-    # float16 outputs with rtol=1e-3, under two float16 ulps at these magnitudes. Against a float64
-    # run of the same case Transmuter's values are within 3.9e-4 (it computes the softmax in
-    # float32, STYLE.md rule 8) and the stored ones within 4.9e-4: the two land 2 ulps apart on 2-4
-    # elements of 192, so neither can be matched to the other without copying its rounding.
-    r"^test_attention_4d_causal_fp16(_expanded)?_(cpu|cuda)$": (
-        "float16 rounding: Transmuter and the stored output are each within ~1 ulp of a float64 "
-        "run, 2 ulps apart, beyond the case's rtol=1e-3"
-    ),
     # The expected output is a sequence holding a 0-d tensor; onnx's runner compares sequence
     # elements by recursing into them as if they were output lists and calls len() on the 0-d
     # array (TypeError), whatever the backend returns. test_backend_node.py compares this case's

@@ -1,9 +1,9 @@
 """com.microsoft quantized operators against ONNX Runtime's CPU kernels.
 
-Exact where ONNX Runtime's arithmetic is reproduced exactly. Within one quantization step where
-its kernels compute in another order: QLinearSigmoid (its logistic approximation), QLinearSoftmax
-(a float exponential table summed in order) and QLinearAveragePool (window sums in order); there
-the test also bounds how many outputs may differ.
+Exact where ONNX Runtime's arithmetic is reproduced exactly (QLinearAveragePool too: its window
+sums are added in ORT's order). Within one quantization step where its kernels compute in another
+way: QLinearSigmoid (its logistic approximation) and QLinearSoftmax (a float exponential table
+summed in order); there the test also bounds how many outputs may differ.
 """
 
 from __future__ import annotations
@@ -283,7 +283,8 @@ def test_qlinear_average_pool(attrs, shape, dtype, channels_last, rng):
         "y_scale": F32(0.07),
         "y_zero_point": dtype(5),
     }
-    check_within_one_step("QLinearAveragePool", inputs, {**attrs, "channels_last": channels_last})
+    # Exact: the window is summed in ONNX Runtime's order (row-major taps) with rounded products.
+    check_node("QLinearAveragePool", inputs, {**attrs, "channels_last": channels_last}, domain=MS)
 
 
 def test_qlinear_average_pool_rounds_after_the_zero_point(rng):
@@ -684,3 +685,20 @@ def test_rejects(op_type, inputs):
     )
     with pytest.raises(TransmuterError):
         transmuter_runs(model, inputs, compiled=False)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [{"kernel_shape": [2, 2], "strides": [1, 1]}, {"kernel_shape": [3, 3], "pads": [1] * 4}],
+)
+def test_qlinear_average_pool_is_bit_exact_on_a_large_input(attrs, rng):
+    # x_scale = 2 * y_scale puts many means on ties; compiled, XLA:CPU would fuse each
+    # dequantizing multiply into the window sum as an FMA (1.6% of outputs one step off).
+    inputs = {
+        "X": rand_q(rng, np.uint8, (4, 16, 128, 128)),
+        "x_scale": F32(0.02),
+        "x_zero_point": np.uint8(128),
+        "y_scale": F32(0.01),
+        "y_zero_point": np.uint8(128),
+    }
+    check_node("QLinearAveragePool", inputs, attrs, domain=MS)

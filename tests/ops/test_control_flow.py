@@ -113,6 +113,48 @@ def test_if_traced_condition_different_shapes_is_a_break(rng, value):
     _check_break(_model([node], inputs, ["y"]), inputs, "the If condition")
 
 
+def _untraceable_else():
+    """then: x + 1; else: MatMul(x, w) with w [4, 3], invalid for the x[2, 3] given here."""
+    then = _graph(
+        [helper.make_node("Add", ["x", "one"], ["t"])],
+        outputs=[_vi("t", TP.FLOAT, None)],
+        initializers={"one": np.array(1, F32)},
+        name="then",
+    )
+    orelse = _graph(
+        [helper.make_node("MatMul", ["x", "w"], ["e"])],
+        outputs=[_vi("e", TP.FLOAT, None)],
+        initializers={"w": np.ones((4, 3), F32)},
+        name="else",
+    )
+    return {"then_branch": then, "else_branch": orelse}
+
+
+def _open_x(model):
+    """x's dims made symbolic, so that ONNX Runtime's load-time inference accepts the model
+    (with static dims it rejects the else branch before running anything)."""
+    (x,) = [v for v in model.graph.input if v.name == "x"]
+    for axis, dim in enumerate(x.type.tensor_type.shape.dim):
+        dim.dim_param = f"x{axis}"
+    return model
+
+
+def test_if_traced_condition_with_an_untraceable_branch_is_a_break(rng):
+    # ONNX Runtime runs only the taken branch; tracing the other one fails for these shapes.
+    x = rng.standard_normal((2, 3)).astype(F32)
+    node = helper.make_node("If", ["cond"], ["y"], **_untraceable_else())
+    inputs = {"cond": np.array(True), "x": x}
+    _check_break(_open_x(_model([node], inputs, ["y"])), inputs, "else_branch cannot be traced")
+
+
+def test_if_host_condition_traces_only_the_taken_branch(rng):
+    x = rng.standard_normal((2, 3)).astype(F32)
+    node = helper.make_node("If", ["cond"], ["y"], **_untraceable_else())
+    model = _open_x(_model([node], {"x": x}, ["y"], initializers={"cond": np.array(True)}))
+    _check(model, {"x": x})
+    assert transmuter.compile(transmuter.load(model), {"x": x}).segments == [(0, "end", True)]
+
+
 def test_if_single_element_condition_and_several_outputs(rng):
     x = rng.standard_normal((4,)).astype(F32)
     then = _graph(

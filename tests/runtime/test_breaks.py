@@ -183,6 +183,100 @@ def test_static_input_decides_the_branch_without_a_break(rng, recorder):
     np.testing.assert_allclose(got, ort_run(proto, {"x0": x, "flag": np.array(True)})[0], rtol=1e-5)
 
 
+def vad_model(rng):
+    """A voice-activity-style graph: x[1, n] -> 22 ops -> If(sr == 16000) picks a 16 kHz or an
+    8 kHz LSTM, each valid only for its own rate's input (x[1, 64] or x[1, 32]) -> 22 ops -> a
+    second If on the same condition, whose branches give different shapes."""
+
+    def lstm_branch(name, reshape):
+        weights = {
+            f"{name}_shape": np.array(reshape, np.int64),
+            f"{name}_W": rng.standard_normal((1, 12, 32)).astype(np.float32) * 0.3,
+            f"{name}_R": rng.standard_normal((1, 12, 3)).astype(np.float32) * 0.3,
+        }
+        return helper.make_graph(
+            [
+                helper.make_node("Reshape", ["x", f"{name}_shape"], [f"{name}_seq"]),
+                helper.make_node(
+                    "LSTM",
+                    [f"{name}_seq", f"{name}_W", f"{name}_R"],
+                    ["", f"{name}_h"],
+                    hidden_size=3,
+                ),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_h", F, None)],
+            [numpy_helper.from_array(v, k) for k, v in weights.items()],
+        )
+
+    def post_branch(name, node):
+        return helper.make_graph(
+            [node], name, [], [helper.make_tensor_value_info(node.output[0], F, None)]
+        )
+
+    nodes = chain("a", "x0", 22, "x") + [
+        helper.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+        helper.make_node(
+            "If",
+            ["is16k"],
+            ["h"],
+            name="pick_rate",
+            then_branch=lstm_branch("at16k", [2, 1, 32]),  # 64 samples: 2 steps of 32
+            else_branch=lstm_branch("at8k", [1, 1, 32]),  # 32 samples: 1 step
+        ),
+    ]
+    nodes += chain("b", "h", 22, "g") + [
+        helper.make_node(
+            "If",
+            ["is16k"],
+            ["y"],
+            name="post",
+            then_branch=post_branch("double", helper.make_node("Add", ["g", "g"], ["d"])),
+            else_branch=post_branch(
+                "repeat", helper.make_node("Concat", ["g", "g"], ["c"], axis=0)
+            ),
+        )
+    ]
+    return make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x0", F, [1, "samples"]),
+            helper.make_tensor_value_info("sr", I64, []),
+        ],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(np.array(16000, np.int64), "rate16k")],
+    )
+
+
+def test_if_whose_untaken_branch_cannot_be_traced_breaks(rng, recorder):
+    """Compiling for 16 kHz traces the 8 kHz branch with 16 kHz shapes, where its Reshape and
+    LSTM fail: that is a break on the condition, not an error, and the condition then stays a
+    host value, so the second If on it traces only its taken branch (no second break)."""
+    proto = vad_model(rng)
+    model = transmuter.load(proto)
+    events = recorder(["transmuter.segment.compile.stop", "transmuter.break.stop"])
+    at16k = {"x0": rng.standard_normal((1, 64)).astype(np.float32), "sr": np.array(16000)}
+    at8k = {"x0": rng.standard_normal((1, 32)).astype(np.float32), "sr": np.array(8000)}
+    fn = transmuter.compile(model, at16k)
+    for inputs in (at16k, at8k, at16k):
+        got = fn(inputs)["y"]
+        want = ort_run(proto, inputs)[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        eager = transmuter.run(model, inputs)["y"]
+        np.testing.assert_allclose(eager, want, rtol=1e-5, atol=1e-6)
+    breaks = [md for e, _, md in events.seen if e == "transmuter.break.stop"]
+    assert {md["node"] for md in breaks} == {"pick_rate"}
+    compiles = [md for e, _, md in events.seen if e == "transmuter.segment.compile.stop"]
+    first = compiles[0]
+    assert first["compiled"] and "else_branch cannot be traced" in first["reason"]
+    after = [md for md in compiles if md["position"] > first["stop"]]
+    assert after and all(md["stop"] == "end" for md in after)  # the second If did not break
+    # The condition is a host value of the next segment's key: one program per rate.
+    assert all("is16k" in md["host_values"] for md in after) and len(after) == 2
+
+
 def test_loop_with_a_trip_count_from_data(rng):
     """The trip count is computed from an input value: a break at the Loop."""
     body = helper.make_graph(

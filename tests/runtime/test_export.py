@@ -177,6 +177,98 @@ def test_lowers_for_cpu_and_cuda_without_a_gpu(rng, tmp_path):
     check(call(exported, x, mask), [want[n] for n in model.outputs], model.outputs)
 
 
+def position_table_model(rng, rows=16) -> onnx.ModelProto:
+    """x [batch, sequence, 4] + positions: a `rows`-row table sliced to the sequence length
+    (Shape -> Gather -> Unsqueeze -> Slice), as BERT-like exports add position embeddings."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    table = rng.standard_normal((rows, 4)).astype(np.float32)
+    f32 = TensorProto.FLOAT
+    return make_model(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["length"], axis=0),
+            helper.make_node("Unsqueeze", ["length", "axes0"], ["end"]),
+            helper.make_node("Slice", ["table", "zero1", "end", "axes0"], ["positions"]),
+            helper.make_node("Add", ["x", "positions"], ["y"], name="add_positions"),
+        ],
+        [helper.make_tensor_value_info("x", f32, ["batch", "sequence", 4])],
+        [helper.make_tensor_value_info("y", f32, None)],
+        [
+            numpy_helper.from_array(table, "table"),
+            i64("one", 1),
+            i64("zero1", [0]),
+            i64("axes0", [0]),
+        ],
+    )
+
+
+def test_bounds_the_graph_states_become_constraints(rng, tmp_path):
+    model = transmuter.load(position_table_model(rng))
+    exported = transmuter.export(model)  # before: ExportError naming min(sequence, 16)
+    assert transmuter.derived_constraints(exported) == ("sequence <= 16",)
+    transmuter.write_export(exported, tmp_path, model=model)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["constraints"] == manifest["derived_constraints"] == ["sequence <= 16"]
+    for sequence in (3, 16):
+        x = rng.standard_normal((2, sequence, 4)).astype(np.float32)
+        check(call(exported, x), [transmuter.run(model, {"x": x})["y"]], ["y"])
+    # A given constraint is kept, and nothing more is derived.
+    given = transmuter.export(model, constraints=["sequence <= 8"])
+    assert transmuter.derived_constraints(given) == ()
+
+
+def test_an_unexplained_shape_error_stays_an_error(rng):
+    # x's last dim (5) cannot meet the table's (4) whatever the sequence: no bound helps.
+    proto = position_table_model(rng)
+    proto.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 5
+    with pytest.raises(transmuter.ExportError, match="no bound the graph states"):
+        transmuter.export(transmuter.load(proto))
+
+
+def test_int32_ids_run_with_x64_off(tmp_path):
+    """A program taking int32 ids (and giving int32 where ONNX gives int64) for a process with
+    x64 off; inside, the ids are int64 again."""
+    i64 = TensorProto.INT64
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    model = transmuter.load(
+        make_model(
+            [
+                helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+                helper.make_node("ArgMax", ["vectors"], ["best"], axis=-1, keepdims=0),
+            ],
+            [helper.make_tensor_value_info("ids", i64, ["batch", "sequence"])],
+            [
+                helper.make_tensor_value_info("vectors", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("best", i64, None),
+            ],
+            [numpy_helper.from_array(table, "table")],
+        )
+    )
+    exported = transmuter.export(model, int64_inputs="int32", int64_outputs="int32")
+    transmuter.write_export(exported, tmp_path, model=model)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["x64"] is False
+    assert manifest["inputs"][0] == {
+        "name": "ids",
+        "dtype": "int32",
+        "shape": ["batch", "sequence"],
+        "model_dtype": "int64",
+    }
+    assert [o["dtype"] for o in manifest["outputs"]] == ["float32", "int32"]
+    script = f"""
+import jax, numpy as np
+from pathlib import Path
+assert not jax.config.jax_enable_x64
+exported = jax.export.deserialize(bytearray(Path({str(tmp_path)!r}, "model.jax_exported").read_bytes()))
+vectors, best = exported.call(np.array([[1, 9, 3]], np.int32))
+assert best.dtype == np.int32 and best.tolist() == [[3, 3, 3]], best
+assert vectors.tolist()[0][1] == [36.0, 37.0, 38.0, 39.0]
+"""
+    subprocess.run([sys.executable, "-c", script], check=True)
+    with pytest.raises(transmuter.ExportError, match="int64_inputs"):
+        transmuter.export(model, int64_inputs="int16")
+
+
 def breaking_model() -> onnx.ModelProto:
     """Two graph breaks: NonZero (its output shape depends on data) and a Reshape to a shape
     given as an input."""
@@ -250,18 +342,20 @@ RELOAD = """
 import json, sys
 from pathlib import Path
 import jax, numpy as np
-jax.config.update("jax_enable_x64", True)
 for job in json.loads(Path(sys.argv[1]).read_text()):
     folder = Path(job["artifact"])
     manifest = json.loads((folder / "manifest.json").read_text())
     exported = jax.export.deserialize(bytearray((folder / "model.jax_exported").read_bytes()))
     inputs = np.load(job["inputs"])
-    args = [inputs[i["name"]] for i in manifest["inputs"]]
+    args = [inputs[i["name"]].astype(i["dtype"]) for i in manifest["inputs"]]
     if manifest["params_mode"] == "argument":
         stored = np.load(folder / "params.npz")
         args.insert(0, {p["name"]: stored[p["name"]] * job["scale"] for p in manifest["params"]})
-    outputs = exported.call(*args)
-    np.savez(job["outputs"], **{o["name"]: np.asarray(v) for o, v in zip(manifest["outputs"], outputs)})
+    # x64 only where the manifest asks for it: an int32-ids artifact runs with x64 off.
+    with jax.enable_x64(manifest["x64"]):
+        outputs = exported.call(*args)
+        outs = {o["name"]: np.asarray(v) for o, v in zip(manifest["outputs"], outputs)}
+    np.savez(job["outputs"], **outs)
 assert "transmuter" not in sys.modules
 """
 
@@ -306,8 +400,10 @@ def reloaded(tmp_path_factory):
     bert = transmuter.load(FIXTURES / "bert.onnx")
     gpt2 = transmuter.load(FIXTURES / "gpt2.onnx")
     models = {
-        # bert's position table has 64 rows: it bounds the sequence.
-        "bert": (bert, list(stored_cases("bert")), {"constraints": ["sequence <= 64"]}),
+        # bert's position table has 64 rows: export derives "sequence <= 64" from the graph.
+        "bert": (bert, list(stored_cases("bert")), {}),
+        # int32 ids: runs in a process with x64 off.
+        "bert_int32": (bert, list(stored_cases("bert")), {"int64_inputs": "int32"}),
         # past_sequence is symbolic, and so at least 1 (jax.export dims are).
         "gpt2": (gpt2, list(decoder_cases("gpt2", rng, past=6)), {}),
         # The first step, with an empty cache, is an export of its own: past dims 0.
@@ -330,7 +426,7 @@ def reloaded(tmp_path_factory):
     jobs, expected = [], {}
     for name, (model, cases, options) in models.items():
         exported = transmuter.export(model, **options)
-        written = {k: v for k, v in options.items() if k != "input_specs"}
+        written = {k: v for k, v in options.items() if k not in ("input_specs", "int64_inputs")}
         transmuter.write_export(exported, folder / name, model=model, **written)
         for index, (inputs, outputs) in enumerate(cases):
             key = f"{name}-{index}"
@@ -357,7 +453,9 @@ def reloaded(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "gpt2", "gpt2_prefill", "convnext", "bert_argument"])
+@pytest.mark.parametrize(
+    "name", ["bert", "bert_int32", "gpt2", "gpt2_prefill", "convnext", "bert_argument"]
+)
 def test_fixture_model_round_trip(name, reloaded):
     runs = [(key, v) for key, v in reloaded.items() if key.rsplit("-", 1)[0] == name]
     assert len(runs) == 2

@@ -253,7 +253,9 @@ def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> ir.Dim:
-    if d.HasField("dim_value"):
+    # Paddle (and some converters) write a dynamic dim as dim_value -1; ONNX Runtime reads any
+    # negative dim_value as unknown, so it is a free dim like an unnamed one, not a size.
+    if d.HasField("dim_value") and d.dim_value >= 0:
         return int(d.dim_value)
     if d.dim_param:
         return ir.SymbolicDim(d.dim_param)

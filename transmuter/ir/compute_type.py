@@ -49,13 +49,36 @@ _DTYPE_ATTRS = {
 _CAST_V1_NAMES = {"FLOAT16": 10, "BFLOAT16": 16, "FLOAT": 1}
 
 
-def with_compute_type(model: Model, compute_type: str) -> Model:
-    """`model` with its float16 / bfloat16 / float32 tensors computed in `compute_type`."""
+def with_compute_type(model: Model, compute_type: str, *, keep_storage: bool = False) -> Model:
+    """`model` with its float16 / bfloat16 / float32 tensors computed in `compute_type`.
+
+    keep_storage=True leaves the main graph's initializers in the file's type, each converted
+    by a Cast where the graph starts: the weights stay half precision in memory (and as params)
+    while the arithmetic runs in `compute_type`."""
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}")
     rewrite = _Rewrite(_numpy_dtype(compute_type))
     graph = rewrite.graph(model.graph)
-    return dataclasses.replace(model, graph=rewrite.boundary(model.graph, graph))
+    graph = rewrite.boundary(model.graph, graph)
+    if keep_storage:
+        graph = rewrite.stored(model.graph, graph)
+    return dataclasses.replace(model, graph=graph)
+
+
+def runs_half_in_float32(model: Model) -> bool:
+    """Whether `transmuter.load` runs this graph in float32 with its half-precision weights kept
+    (its default): the main graph stores or declares float16 / bfloat16 tensors, and declares
+    every output's type. The rewrite keeps the interface by casting outputs back to their
+    declared types, which an undeclared output lacks (it would come out in float32); such a
+    graph runs with every op rounding to half precision instead."""
+    halves = {np.dtype(np.float16), _numpy_dtype("bfloat16")}
+    graph = model.graph
+    if any(v.type is None for v in graph.outputs):
+        return False
+    declared = [*graph.inputs, *graph.outputs, *graph.value_info.values()]
+    return any(a.dtype in halves for a in graph.initializers.values()) or any(
+        isinstance(v.type, TensorType) and v.type.dtype in halves for v in declared
+    )
 
 
 def _numpy_dtype(name: str) -> np.dtype:
@@ -143,6 +166,23 @@ class _Rewrite:
             nodes=head + body.nodes + tail,
             inputs=list(declared.inputs),
             outputs=list(declared.outputs),
+        )
+
+    def stored(self, declared: Graph, graph: Graph) -> Graph:
+        """`graph` with the initializers `declared` holds in a source type kept in that type,
+        each read through a Cast to the compute type."""
+        kept = {k: v for k, v in declared.initializers.items() if v.dtype in self.sources}
+        renames = {name: f"{name}__compute" for name in kept}
+        body = _renamed(graph, renames)
+        casts = [
+            Node("Cast", "", (name,), (renames[name],), {"to": self.target_code}) for name in kept
+        ]
+        # Graph outputs keep their names: one that is an initializer is read as stored.
+        return dataclasses.replace(
+            body,
+            nodes=casts + body.nodes,
+            initializers={**body.initializers, **kept},
+            outputs=graph.outputs,
         )
 
     def _converted(self, t: ValueType | None) -> bool:

@@ -9,6 +9,8 @@ dims with Python's operators, and any other operator receives them as int64 devi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -66,7 +68,31 @@ def dim_min(a, b):
         return b
     if not is_symbolic_dim(b) and b >= _PAST_ANY_DIM:
         return a
-    return jax.core.min_dim(a, b)
+    found = jax.core.min_dim(a, b)
+    bounds = _BOUNDS.get()
+    if bounds is not None and is_symbolic_dim(found) and found != a and found != b:
+        # A symbolic dim clamped by a size the graph states (a Slice of a 64-row table, a Min),
+        # which jax.export cannot resolve without a constraint.
+        for dim, limit in ((a, b), (b, a)):
+            if is_symbolic_dim(dim) and not is_symbolic_dim(limit):
+                bounds.append((str(dim), int(limit)))
+    return found
+
+
+# The bounds met while exporting, when `recording_bounds` is on: (dim expression, size) pairs.
+_BOUNDS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bounds", default=None)
+
+
+@contextlib.contextmanager
+def recording_bounds():
+    """Collect the (dim, size) pairs `dim_min` clamps while tracing (export derives
+    constraints such as "sequence <= 64" from them)."""
+    found: list[tuple[str, int]] = []
+    token = _BOUNDS.set(found)
+    try:
+        yield found
+    finally:
+        _BOUNDS.reset(token)
 
 
 def dim_max(a, b):

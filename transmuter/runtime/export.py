@@ -14,11 +14,13 @@ import importlib.metadata
 import json
 import os
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transmuter import ir
@@ -29,7 +31,7 @@ from transmuter.errors import (
     ShapeError,
     TransmuterError,
 )
-from transmuter.lowering.symbolic import dims_to_device, is_symbolic
+from transmuter.lowering.symbolic import dims_to_device, is_symbolic, recording_bounds
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.execute import evaluate, x64_scope
 
@@ -54,6 +56,8 @@ def export(
     platforms: Sequence[str] = ("cpu",),
     static_inputs: Mapping[str, Any] | None = None,
     constraints: Sequence[str] = (),
+    int64_inputs: str = "int64",
+    int64_outputs: str = "int64",
 ) -> jax.export.Exported:
     """Export `model` as one StableHLO program with symbolic dims.
 
@@ -66,16 +70,69 @@ def export(
     `exported.call(params, *inputs)` with a dict like `model.params`. Inputs and outputs are
     positional, in the model's order (static inputs left out). `platforms` may name platforms
     absent here ("cuda", "tpu"): lowering needs no device.
+
+    Where the graph itself bounds a dim (a Slice of a 64-row position table gives
+    min(sequence, 64), which then fails to broadcast against sequence), the bound is added as a
+    constraint ("sequence <= 64") and the export retried; `derived_constraints(exported)` and
+    the manifest name the ones added. int64_inputs="int32" / int64_outputs="int32" give the
+    program int32 ids (cast to int64 inside) and int32 results where ONNX says int64, so that it
+    runs in a process with x64 off; values must then fit in int32.
     """
     _check_params_mode(params)
+    narrow_in = _int64_choice("int64_inputs", int64_inputs)
+    narrow_out = _int64_choice("int64_outputs", int64_outputs)
     static = _static_values(model, static_inputs)
     names = [name for name in model.inputs if name not in static]
-    specs = _input_specs(model, names, dict(input_specs or {}), constraints)
+    derived: list[str] = []
+    for _ in range(_MOST_DERIVATIONS + 1):
+        specs = _input_specs(model, names, dict(input_specs or {}), [*constraints, *derived])
+        declared = [spec.dtype for spec in specs]
+        if narrow_in:
+            specs = [_narrowed(spec) for spec in specs]
+        with recording_bounds() as seen:
+            try:
+                exported = _trace(
+                    model, names, static, specs, declared, params, platforms, narrow_out
+                )
+            except (NodeError, ShapeError) as exc:
+                more = _bounds_for(exc, seen, [*constraints, *derived])
+                if not more:
+                    raise ExportError(
+                        f"{exc} (exporting with symbolic dims: no bound the graph states explains "
+                        "this; where the model bounds a dim, pass a constraint such as "
+                        "constraints=['sequence <= 64']; a dim that must be concrete can be an "
+                        "int in input_specs)"
+                    ) from exc
+                derived.extend(more)
+                continue
+        if derived:
+            _DERIVED[id(exported)] = (weakref.ref(exported), tuple(derived))
+            weakref.finalize(exported, _DERIVED.pop, id(exported), None)
+        return exported
+    raise ExportError(f"gave up deriving constraints after {derived} (each retry met new bounds)")
 
+
+def derived_constraints(exported: jax.export.Exported) -> tuple[str, ...]:
+    """The constraints `export` derived from bounds the graph states, for this program."""
+    kept = _DERIVED.get(id(exported))
+    return kept[1] if kept is not None and kept[0]() is exported else ()
+
+
+# id(exported) -> (weak reference, derived constraints): Exported is a frozen dataclass, and the
+# manifest must say which constraints were derived rather than given.
+_DERIVED: dict[int, tuple[weakref.ref, tuple[str, ...]]] = {}
+# Each retry adds at least one constraint; a graph needing more than this many is unusual.
+_MOST_DERIVATIONS = 8
+
+
+def _trace(model, names, static, specs, declared, params, platforms, narrow_out):
     def graph(weights, *arrays):
+        # Narrowed ids come in as int32 and are int64 again before the first operator.
+        arrays = [jnp.asarray(a).astype(d) if a.dtype != d else a for a, d in zip(arrays, declared)]
         inputs = {**dict(zip(names, arrays)), **static}
         outputs = evaluate(model, inputs, weights, model.device_constants)
-        return tuple(_program_output(name, outputs[name]) for name in model.outputs)
+        results = [_program_output(name, outputs[name]) for name in model.outputs]
+        return tuple(_narrowed_output(v) if narrow_out else v for v in results)
 
     with x64_scope():
         try:
@@ -86,12 +143,35 @@ def export(
             return jax.export.export(jax.jit(graph), platforms=platforms)(weights, *specs)
         except HostValueNeeded as exc:
             raise _break_error(model, exc, static) from exc
-        except (NodeError, ShapeError) as exc:
-            raise ExportError(
-                f"{exc} (exporting with symbolic dims: where the model bounds a dim, as in "
-                "min(sequence, 64), pass a constraint such as constraints=['sequence <= 64']; a "
-                "dim that must be concrete can be an int in input_specs)"
-            ) from exc
+
+
+def _bounds_for(exc: Exception, seen, known: Sequence[str]) -> list[str]:
+    """Constraints for the bounds the trace met (min(dim, N), `seen`) that explain `exc`: those
+    whose min(...) the error names, else, when it names none, every bound met. An empty list:
+    nothing the graph states would help, and the error stands."""
+    text = str(exc)
+    fresh = [(bound, n) for bound, n in seen if f"{bound} <= {n}" not in known]
+    named = [(bound, n) for bound, n in fresh if f"min({bound}, {n})" in text]
+    chosen = named or fresh
+    return list(dict.fromkeys(f"{bound} <= {n}" for bound, n in chosen))
+
+
+def _int64_choice(option: str, value: str) -> bool:
+    if value not in ("int64", "int32"):
+        raise ExportError(f"{option} must be 'int64' or 'int32', got {value!r}")
+    return value == "int32"
+
+
+def _narrowed(spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    if np.dtype(spec.dtype) != np.int64:
+        return spec
+    return jax.ShapeDtypeStruct(spec.shape, np.dtype(np.int32))
+
+
+def _narrowed_output(value: Any) -> Any:
+    if np.dtype(value.dtype) != np.int64:
+        return value
+    return jnp.asarray(value).astype(jnp.int32)
 
 
 def write_export(
@@ -122,6 +202,7 @@ def write_export(
             "params and static_inputs that export was given"
         )
     avals = [*exported.in_avals, *exported.out_avals]
+    declared = {n: model.input_specs[n] for n in names}
     manifest = {
         "transmuter_version": importlib.metadata.version("transmuter"),
         "jax_version": jax.__version__,
@@ -131,9 +212,13 @@ def write_export(
         "platforms": list(exported.platforms),
         # 64-bit inputs or outputs: the caller enables x64 (jax.enable_x64) to pass or get them.
         "x64": any(np.dtype(a.dtype).name in _X64_TYPES for a in avals),
-        "inputs": [_describe(n, exported.in_avals[i]) for n, i in zip(names, positions)],
+        "inputs": [
+            _describe(n, exported.in_avals[i], declared[n]) for n, i in zip(names, positions)
+        ],
         "outputs": [_describe(n, a) for n, a in zip(model.outputs, exported.out_avals)],
-        "constraints": list(constraints),
+        "constraints": [*constraints, *derived_constraints(exported)],
+        # Added by export from bounds the graph states (a Slice of a 64-row table).
+        "derived_constraints": list(derived_constraints(exported)),
         "static_inputs": {
             name: {"dtype": value.dtype.name, "value": value.tolist()}
             for name, value in static.items()
@@ -289,9 +374,12 @@ def _break_error(model, exc: HostValueNeeded, static: Mapping[str, Any]) -> Expo
     return ExportError(message, nodes=[exc.node, *(b.node for b in others)])
 
 
-def _describe(name: str, aval) -> dict[str, Any]:
-    return {
+def _describe(name: str, aval, declared=None) -> dict[str, Any]:
+    described = {
         "name": name,
         "dtype": np.dtype(aval.dtype).name,
         "shape": [d if isinstance(d, int) else str(d) for d in aval.shape],
     }
+    if isinstance(declared, ir.TensorType) and declared.dtype != np.dtype(aval.dtype):
+        described["model_dtype"] = declared.dtype.name  # int64_inputs="int32"
+    return described

@@ -43,6 +43,7 @@ class Segment:
     host_outputs: dict[str, Any]  # host values the segment computes (constants of its key)
     host_values: list[str]  # host values the segment reads besides the model's constants
     program: Callable | None  # the compiled executable; None when the segment runs eagerly
+    needed: str | None = None  # the input the break node needs on the host (HostValueNeeded)
 
 
 class SegmentRunner:
@@ -82,6 +83,7 @@ class SegmentRunner:
             if segment.stop is None:
                 return
             self._inputs_to_device(env)
+            _keep_decision_on_host(env, self.plan.steps[segment.stop].node, segment.needed)
             self.run_break(segment.stop, env, _fold(key, segment.stop))
             start = segment.stop + 1
 
@@ -157,6 +159,7 @@ class SegmentRunner:
                     interpreter.step(self.plan.steps[position], local)
                 except HostValueNeeded as exc:
                     stop, reason = position, exc.reason
+                    found["needed"] = exc.input_name
                     break
             live = self.reads_after[stop] if stop is not None else self.reads_after[-1]
             produced = {n: local[n] for n in live if n in local and n not in before}
@@ -186,7 +189,13 @@ class SegmentRunner:
                 host_values=host_names,
             )
         return Segment(
-            start, stop, found["reason"], found["host"], host_names, None if eager else compiled
+            start,
+            stop,
+            found["reason"],
+            found["host"],
+            host_names,
+            None if eager else compiled,
+            found.get("needed"),
         )
 
     def run_break(self, position: int, env: dict[str, Any], key: Any = None) -> None:
@@ -209,6 +218,18 @@ class SegmentRunner:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent):
                     env[name] = jnp.asarray(value)
+
+
+def _keep_decision_on_host(env: dict[str, Any], node: ir.Node, name: str | None) -> None:
+    """A break on a one-element boolean an operator decides by (an If whose branches differ, or
+    one of which cannot be traced for these shapes) keeps that boolean on the host: later nodes
+    reading it (more Ifs on the same condition) then trace only their taken branch, and the
+    segments after are keyed by its value (two at most). Larger values stay device values, so
+    that a data input never keys a program by its contents."""
+    value = env.get(name) if name and name in node.inputs else None
+    if value is not None and not isinstance(value, (list, dict)):
+        if np.size(value) == 1 and np.dtype(value.dtype) == np.bool_:
+            env[name] = to_host(value)
 
 
 def _to_device_after_break(value: Any, data_dependent: bool) -> bool:

@@ -62,12 +62,29 @@ def if_(ctx, cond, *, else_branch, then_branch):
         return tuple(ctx.run_graph(branch, []))
     then_fn = lambda: tuple(ctx.run_graph(then_branch, []))  # noqa: E731
     else_fn = lambda: tuple(ctx.run_graph(else_branch, []))  # noqa: E731
+    then_types = _branch_types(ctx, "then_branch", then_fn)
+    else_types = _branch_types(ctx, "else_branch", else_fn)
     # lax.cond needs both branches to give the same types; only the host can pick otherwise.
-    if _signature(jax.eval_shape(then_fn)) != _signature(jax.eval_shape(else_fn)):
+    if _signature(then_types) != _signature(else_types):
         raise HostValueNeeded(ctx.node.label, "If", ctx.node.inputs[0], "the If condition")
     if np.size(cond) != 1:
         raise ShapeError(f"If cond must hold one boolean, got shape {list(np.shape(cond))}")
     return jax.lax.cond(jnp.reshape(cond, ()), then_fn, else_fn)
+
+
+def _branch_types(ctx, which: str, branch_fn) -> Any:
+    """The output types of one If branch traced abstractly. ONNX runs only the taken branch, so
+    a branch that cannot be traced for the current shapes (a voice model's 8 kHz branch handed
+    the 16 kHz tensors, an LSTM then given a 5-D input) is no error: the condition must be
+    known, and the If becomes a graph break that runs the taken branch alone."""
+    try:
+        return jax.eval_shape(branch_fn)
+    except HostValueNeeded:
+        raise
+    except Exception as exc:
+        cause = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        why = f"the If condition ({which} cannot be traced for these shapes: {cause})"
+        raise HostValueNeeded(ctx.node.label, "If", ctx.node.inputs[0], why) from exc
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,20 @@ def _lowest(dtype):
 def _max_by_taps(x, init, windows):
     """The max over dilated windows as the max of one strided slice of the padded input per
     kernel tap: JAX has no reverse-mode rule for a dilated max reduce_window."""
+    return _by_taps(x, init, windows, lax.max)
+
+
+def ordered_window_sums(op_type, x, count_include_pad, **geometry):
+    """(sums, counts) of AveragePool's windows, each sum added one kernel tap at a time in
+    row-major tap order, as a direct loop over the window adds them (ONNX Runtime's
+    QLinearAveragePool kernel); reduce_window's order differs, and float sums depend on it."""
+    x = jnp.asarray(x)
+    windows = _Windows(op_type, x, **geometry)
+    total = _by_taps(x, np.array(0, x.dtype), windows, lax.add)
+    return total, windows.counts(x.shape[2:], bool(count_include_pad), x.dtype)
+
+
+def _by_taps(x, init, windows, combine):
     padded = lax.pad(
         x, init, ((0, 0, 0), (0, 0, 0)) + tuple((lo, hi, 0) for lo, hi in windows.padding())
     )
@@ -108,7 +122,7 @@ def _max_by_taps(x, init, windows):
         start = [t * d for t, d in zip(tap, windows.dilations, strict=True)]
         limit = [b + (o - 1) * s + 1 for b, o, s in zip(start, outs, windows.strides, strict=True)]
         window = lax.slice(padded, (0, 0, *start), (n, c, *limit), (1, 1, *windows.strides))
-        y = window if y is None else lax.max(y, window)
+        y = window if y is None else combine(y, window)
     return y
 
 

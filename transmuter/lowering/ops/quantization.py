@@ -41,6 +41,8 @@ _SATURATING_FLOATS = {
 _PLAIN_FLOATS = {np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)}
 _DEQUANT_OUTPUTS = {np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32)}
 _F32 = np.dtype(np.float32)
+_ONNX_FLOAT = dtypes.to_onnx(_F32)
+_HALVES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def _axis(axis: int, rank: int, op_type: str) -> int:
@@ -101,6 +103,16 @@ def _division_dtype(scale_dtype, precision: int) -> np.dtype:
     # int32 scales (QuantizeLinear-19/21) are exact in float64; float8e8m0 scales (24+) are
     # powers of two, exact in float32.
     return np.dtype(np.float64) if scale_dtype.kind == "i" else _F32
+
+
+def _before_23(y_scale) -> int:
+    """The `precision` QuantizeLinear-19/21 divide in. Their text says only "(x / y_scale), it
+    rounds to the nearest even", not in which type; ONNX Runtime's CPU kernel divides a
+    half-precision x by a half scale in float32 there (in the scale's type from 23 on, which is
+    what 23's text asks). A float16 quotient is rounded once more before the integer rounding,
+    which moves values onto or off ties, so before 23 a half scale divides in float32, as ORT
+    does (bit-exact on 10^6 values on ties: tests/ops/test_quantization.py)."""
+    return _ONNX_FLOAT if np.dtype(jnp.asarray(y_scale).dtype) in _HALVES else 0
 
 
 def _to_float(value, dtype=_F32):
@@ -227,7 +239,7 @@ def quantize_linear_v19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
         block_size=0,
         saturate=saturate,
         target=_output_type(y_zero_point, 0),
-        precision=0,
+        precision=_before_23(y_scale),
     )
 
 
@@ -244,7 +256,7 @@ def quantize_linear_v21(
         block_size=block_size,
         saturate=saturate,
         target=_output_type(y_zero_point, output_dtype),
-        precision=0,
+        precision=_before_23(y_scale),
     )
 
 
@@ -354,9 +366,16 @@ def dynamic_quantize_linear(x):
     x = jnp.asarray(x)
     high = jnp.max(x, initial=0.0)
     low = jnp.min(x, initial=0.0)
+    # ONNX Runtime's GetQuantizationParameter, step by step: scale = (max - min) / 255 and
+    # zero = round_half_even(clamp(0 - min / scale, 0, 255)), both IEEE float32 divisions.
+    # Traced, XLA turns `/ 255` into `* (1 / 255)`, a scale one ulp off for some ranges and
+    # then ~14% of the outputs one step off, so every division here goes through `divide`.
     # An all-zero (or empty) x would give scale 0 and NaNs; ONNX Runtime uses 1 there.
-    scale = jnp.where(high == low, jnp.float32(1.0), (high - low) / jnp.float32(255.0))
-    zero = jnp.round(jnp.clip(-low / scale, 0.0, 255.0))
+    span = divide(high - low, jnp.float32(255.0), _F32)
+    scale = jnp.where(high == low, jnp.float32(1.0), span)
+    zero = jnp.round(jnp.clip(-divide(low, scale, _F32), 0.0, 255.0))
+    # MLAS then divides each x by the scale in float32 and rounds half to even
+    # (cvtps2dq), adding the zero point after rounding, as the spec's formula does.
     y = jnp.clip(jnp.round(divide(x, scale, _F32)) + zero, 0.0, 255.0).astype(jnp.uint8)
     return y, scale.astype(jnp.float32), zero.astype(jnp.uint8)
 
@@ -454,7 +473,12 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
 
 
 def requantize(acc, multiplier, y_zero_point):
-    """acc * multiplier quantized to y_zero_point's type (QLinear* outputs)."""
+    """acc * multiplier quantized to y_zero_point's type (QLinear* outputs).
+
+    As ONNX Runtime's MlasRequantizeOutput: float32(acc) * multiplier in float32, rounded half to
+    even, then the zero point added and saturated. The multiplier is a_scale * b_scale / y_scale
+    in that order, one float32 division (`divide`: XLA would multiply by a reciprocal); the spec
+    gives only the real-number formula, whose other orders round differently."""
     y_zero_point = jnp.asarray(y_zero_point)
     target = np.dtype(y_zero_point.dtype)
     value = acc.astype(jnp.float32) * multiplier
@@ -483,7 +507,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     b_scale = _to_float(_col_zero(b_scale, b, "QLinearMatMul b_scale"))
     # The shape of a per-row scale is (..., M, 1) and of a per-column one (..., 1, N) or (N,):
     # their product broadcasts over the (..., M, N) result.
-    multiplier = a_scale * b_scale / _to_float(jnp.asarray(y_scale).reshape(()))
+    multiplier = divide(a_scale * b_scale, jnp.asarray(y_scale).reshape(()), _F32)
     return requantize(acc, multiplier, y_zero_point)
 
 
@@ -652,9 +676,9 @@ def qlinear_conv(
     w_scale = _to_float(_filter_zero(w_scale, w, "QLinearConv w_scale")).reshape(
         () if np.size(w_scale) == 1 else channel
     )
-    multiplier = (
-        _to_float(jnp.asarray(x_scale).reshape(()))
-        * w_scale
-        / _to_float(jnp.asarray(y_scale).reshape(()))
+    multiplier = divide(
+        _to_float(jnp.asarray(x_scale).reshape(())) * w_scale,
+        jnp.asarray(y_scale).reshape(()),
+        _F32,
     )
     return requantize(acc, multiplier, jnp.asarray(y_zero_point).reshape(()))

@@ -23,7 +23,7 @@ import numpy as np
 
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.pool import average_pool_v10
+from transmuter.lowering.ops.pool import ordered_window_sums
 from transmuter.lowering.ops.quantization import (
     INT_RANGES,
     dequantize_linear_v21,
@@ -59,6 +59,22 @@ def _dequantize(x, scale, zero_point):
     """Per-tensor (x - zero_point) * scale in float32."""
     x = jnp.asarray(x)
     return dequantize_linear_v21(x, _scalar(scale, "the scale"), _zero(zero_point, x.dtype))
+
+
+def _rounded_dequantize(x, scale, zero_point):
+    """(x - zero_point) * scale as float32 products that stay rounded inside a fused sum.
+
+    XLA:CPU contracts a float32 product feeding an add into an FMA, which rounds once where
+    ONNX Runtime rounds twice (1.6% of a QLinearAveragePool's outputs one step off). So the
+    product is made without a float multiply that rounds: scale = m * 2^e with m a 24-bit
+    integer, (x - zero_point) * m is exact in int64, its conversion to float32 is the one
+    rounding (to nearest even, the float32 product's), and the power of two scales exactly."""
+    x = jnp.asarray(x)
+    shifted = x.astype(jnp.int64) - _zero(zero_point, x.dtype).astype(jnp.int64)
+    fraction, exponent = jnp.frexp(_scalar(scale, "the scale").astype(_F32))
+    mantissa = (fraction * jnp.float32(2**24)).astype(jnp.int64)
+    power = jnp.ldexp(jnp.float32(1), exponent - 24)
+    return (shifted * mantissa).astype(_F32) * power
 
 
 def _quantize(value, scale, zero_point, dtype):
@@ -196,17 +212,21 @@ def qlinear_average_pool(
     """com.microsoft QLinearAveragePool-1: AveragePool of dequantized X, quantized;
     channels_last takes X as (N, D1, ..., C)."""
     x = jnp.asarray(X)
-    value = _channels_first(_dequantize(x, x_scale, x_zero_point), channels_last)
-    mean = average_pool_v10(
+    value = _channels_first(_rounded_dequantize(x, x_scale, x_zero_point), channels_last)
+    # ONNX Runtime's kernel: the dequantized window summed element by element in float32,
+    # divided by the count, then by y_scale (two float32 divisions, never reciprocals).
+    total, counts = ordered_window_sums(
+        "QLinearAveragePool",
         value,
+        count_include_pad,
         auto_pad=auto_pad,
         ceil_mode=ceil_mode,
-        count_include_pad=count_include_pad,
         kernel_shape=kernel_shape,
-        pads=pads,
         strides=strides,
+        dilations=None,
+        pads=pads,
     )
-    mean = divide(mean, _scalar(y_scale, "y_scale"), _F32)
+    mean = divide(divide(total, counts, _F32), _scalar(y_scale, "y_scale"), _F32)
     return _channels_back(_round_after_zero(mean, y_zero_point, x.dtype), channels_last)
 
 
