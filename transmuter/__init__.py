@@ -102,6 +102,8 @@ def compile(
     cache_size: int = 8,
     cache_dir: str | os.PathLike | None = None,
     eager_threshold: int = 20,
+    buckets: Mapping[str, Any] | None = None,
+    pad_values: Mapping[str, Any] | None = None,
 ) -> CompiledModel:
     """Compile `model` for the shapes of `example_inputs` (running it once on them).
 
@@ -112,6 +114,14 @@ def compile(
     known at compile time (no break where they decide a shape or branch); a call may omit them
     or pass a new value, which compiles again. `cache_dir` persists compiled programs on disk
     (JAX's persistent compilation cache, a process-wide setting).
+
+    `buckets` pads named dims so that shapes recur: {"batch": [1, 2, 4, 8], "sequence": "pow2"}
+    (dim names as the file declares them; a list of sizes, "pow2", ("pow2", largest),
+    ("multiple", m) or ("multiple", m, largest)). Each input that carries a bucketed dim is
+    padded up to the smallest bucket holding it, with 0 or `pad_values[input]` (masks with 0),
+    and outputs that carry it are sliced back; a size past every bucket compiles as it is.
+    Padding must be invisible to the model: rows (a leading batch dim) of a row-independent
+    graph, or positions a mask input hides; other dims are refused (runtime/buckets.py).
     """
     return CompiledModel(
         model,
@@ -120,6 +130,8 @@ def compile(
         cache_size=cache_size,
         cache_dir=cache_dir,
         eager_threshold=eager_threshold,
+        buckets=buckets,
+        pad_values=pad_values,
     )
 
 

@@ -114,6 +114,7 @@ COMPILE_EVENTS = (
     "transmuter.compile.stop",
     "transmuter.cache.miss",
     "transmuter.cache.evict",
+    "transmuter.bucket.exceeded",
     "transmuter.segment.compile.stop",
     "transmuter.break.stop",
 )
@@ -121,7 +122,8 @@ COMPILE_EVENTS = (
 
 def log_compile_work(level: int = logging.INFO, logger: logging.Logger | None = None) -> str:
     """Log, through `logging`, the events that show compile work (loads, compiles, cache misses
-    and evictions, segment compiles, graph breaks). Returns the handler id for `detach`."""
+    with the shapes buckets padded from, evictions, sizes past every bucket, segment compiles,
+    graph breaks). Returns the handler id for `detach`."""
     target = logger or _log
     handler_id = ("transmuter.log_compile_work", id(target))
 

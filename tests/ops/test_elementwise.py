@@ -941,3 +941,48 @@ def test_div_of_constants():
     model = make_node_model("Div", {"A": a, "B": b}, opset=14, constants=["A", "B"])
     for outputs in transmuter_runs(model, {}).values():
         np.testing.assert_array_equal(outputs[0], [0, -1])
+
+
+# Host values (shape arithmetic) are computed with numpy where its semantics are the spec's: the
+# same ops with every input a constant (on the host) and with every input a graph input (on the
+# device) must agree with ONNX Runtime alike. Values cover signs, zero and int64 extremes.
+_INTS = np.array([-7, -1, 0, 1, 5, 2**62, -(2**62)], np.int64)
+_DIVISORS = np.array([2, -3, 5, 1, -1, 3, 7], np.int64)
+_FLOATS = np.array([-2.5, -0.5, 0.0, 0.5, 1.5, 3.25, -7.75], np.float32)
+_HOST_CASES = [
+    ("Add", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Sub", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Mul", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Div", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Div", {"A": _FLOATS, "B": _FLOATS[::-1] + 0.25}, {}),
+    ("Equal", {"A": _INTS, "B": _INTS[::-1]}, {}),
+    ("Less", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Greater", {"A": _FLOATS, "B": _FLOATS[::-1]}, {}),
+    ("LessOrEqual", {"A": _INTS, "B": _INTS[::-1]}, {}),
+    ("GreaterOrEqual", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("And", {"A": _INTS > 0, "B": _DIVISORS > 0}, {}),
+    ("Or", {"A": _INTS > 0, "B": _DIVISORS > 0}, {}),
+    ("Xor", {"A": _INTS > 0, "B": _DIVISORS > 0}, {}),
+    ("Not", {"X": _INTS > 0}, {}),
+    ("Neg", {"X": _INTS}, {}),
+    ("Abs", {"X": _FLOATS}, {}),
+    ("Sign", {"X": _INTS}, {}),
+    ("Floor", {"X": _FLOATS}, {}),
+    ("Ceil", {"X": _FLOATS}, {}),
+    ("Min", {"A": _INTS, "B": _DIVISORS}, {}),
+    ("Max", {"A": _FLOATS, "B": _FLOATS[::-1]}, {}),
+    ("Where", {"C": _INTS > 0, "X": _INTS, "Y": _DIVISORS}, {}),
+    ("Cast", {"X": _INTS}, {"to": T.INT32}),
+    ("Cast", {"X": _INTS}, {"to": T.FLOAT}),
+    ("Cast", {"X": _INTS > 0}, {"to": T.INT64}),
+    ("Cast", {"X": _FLOATS}, {"to": T.FLOAT16}),
+    ("Cast", {"X": _FLOATS.astype(np.float64) / 3}, {"to": T.FLOAT}),
+]
+
+
+@pytest.mark.parametrize("constants", [True, False], ids=["host", "device"])
+@pytest.mark.parametrize(
+    "op_type,inputs,attrs", _HOST_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(_HOST_CASES)]
+)
+def test_host_and_device_values_agree(op_type, inputs, attrs, constants):
+    check_node(op_type, inputs, attrs, opset=19, constants=list(inputs) if constants else ())

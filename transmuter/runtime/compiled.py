@@ -9,8 +9,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from transmuter import telemetry
+from transmuter import ir, telemetry
 from transmuter.errors import InputError
+from transmuter.runtime.buckets import Buckets, dim_parts
 from transmuter.runtime.execute import as_output, x64_scope
 from transmuter.runtime.segments import SegmentRunner, signature
 
@@ -36,6 +37,8 @@ class CompiledModel:
         cache_size: int = 8,
         cache_dir: str | os.PathLike | None = None,
         eager_threshold: int = EAGER_THRESHOLD,
+        buckets: Mapping[str, Any] | None = None,
+        pad_values: Mapping[str, Any] | None = None,
     ):
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, got {cache_size}")
@@ -46,10 +49,21 @@ class CompiledModel:
         }
         if cache_dir is not None:
             use_persistent_cache(cache_dir)
+        self.cache_size = cache_size
+        self.eager_threshold = eager_threshold
         self.runner = SegmentRunner(model, cache_size=cache_size, eager_threshold=eager_threshold)
         self._data = frozenset(
             n for n in model.inputs if n not in self.static_inputs and not _is_string(model, n)
         )
+        if pad_values and not buckets:
+            raise InputError("pad_values without buckets: there is nothing to pad")
+        self.buckets = (
+            Buckets(model, buckets, pad_values, inputs=[n for n in model.inputs if n in self._data])
+            if buckets
+            else None
+        )
+        self._example = self._arrays(example_inputs)
+        self._padding_checked = False
         # Graphs with random operators draw from a key stream: a new key per call.
         self._keys = jax.random.key(0) if _has_random(model.plan) else None
         self._fast: tuple | None = None
@@ -64,7 +78,7 @@ class CompiledModel:
             weights, varying = self.runner.reads(0)
             # Exactly the arguments the program was lowered with: inputs no node reads stay out.
             read_inputs = tuple(n for n in varying if n in self._data)
-            signature = self._signature(self._arrays(example_inputs))
+            signature = self._signature(self._pad(self._example)[0])
             self._fast = (signature, first, weights, read_inputs)
 
     @property
@@ -81,18 +95,133 @@ class CompiledModel:
         """Run on `inputs`. `key` seeds the random operators of this call; without it, calls
         draw from the callable's own key stream, so each call draws new values."""
         with telemetry.span("transmuter.call", {"source": self.model.source}):
-            arrays = self._arrays(inputs)
+            given = self._arrays(inputs)
+            arrays, padding, note = self._pad(given)
+            if padding is not None and padding.exceeded:
+                if telemetry.listening("transmuter.bucket.exceeded"):
+                    metadata = {"source": self.model.source, "dims": padding.exceeded}
+                    telemetry.emit("transmuter.bucket.exceeded", {"count": 1}, metadata)
             with x64_scope():
                 if key is None and self._keys is not None:
                     self._keys, key = jax.random.split(self._keys)
                 if self._fast is not None and self._signature(arrays) == self._fast[0]:
-                    return self._run_fast(arrays, key)
-                env: dict[str, Any] = dict(self.model.host_constants)
-                env.update(self.model.device_constants)
-                env.update(self.model.params)
-                env.update(arrays)
-                self.runner.run(env, self._data, key)
-                return {name: as_output(env[name]) for name in self.model.outputs}
+                    outputs = self._run_fast(arrays, key)
+                else:
+                    outputs = self._run(arrays, key, note)
+                if padding is not None and padding.padded:
+                    outputs = self.buckets.slice(outputs, padding)
+                    if not self._padding_checked:
+                        self._check_padding(given, outputs, padding)
+                return outputs
+
+    def _check_padding(self, given, outputs, padding) -> None:
+        """The first padded call is compared with the same call unpadded (one more compile,
+        once), so that a model that sees its padding (a Shape output, an unmasked mean) is
+        refused instead of answering wrongly. Graphs with random operators are not compared:
+        their draws differ."""
+        if self._keys is None:
+            # A runner of its own, so that the exact shape takes no place in the cache.
+            runner = SegmentRunner(self.model, cache_size=1, eager_threshold=self.eager_threshold)
+            want = self._run(given, None, {"padding_check": True}, runner)
+            for name in self.model.outputs:
+                error = _mismatch(outputs[name], want[name])
+                if error:
+                    raise InputError(
+                        f"buckets change output {name!r} ({error}) when padding "
+                        f"{_describe(padding)}: the model sees the padding (its shapes, or "
+                        "positions no mask hides); compile without buckets for those dims"
+                    )
+        self._padding_checked = True
+
+    def _run(self, arrays, key, note, runner: SegmentRunner | None = None) -> dict[str, Any]:
+        """Run through the segment cache. Call inside `x64_scope`."""
+        env: dict[str, Any] = dict(self.model.host_constants)
+        env.update(self.model.device_constants)
+        env.update(self.model.params)
+        env.update(arrays)
+        (runner or self.runner).run(env, self._data, key, note)
+        return {name: as_output(env[name]) for name in self.model.outputs}
+
+    @property
+    def signatures(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes the first segment is compiled for, least recently used first (inputs
+        it does not read left out): after buckets, what calls are padded to."""
+        cache = self.runner.caches.get(0, {})
+        return [{name: sig[0] for name, sig in shapes} for shapes, _ in cache]
+
+    def warmup(self, shapes: Any = "buckets") -> int:
+        """Compile ahead of traffic; returns how many signatures were warmed.
+
+        `shapes`: "buckets" (every combination of the buckets' sizes, other dims as in the
+        example inputs), a list of {dim name: size} (the same, for those sizes), or a list of
+        input dicts. With `cache_dir` a later process warms from disk instead of compiling."""
+        if isinstance(shapes, str):
+            if shapes != "buckets":
+                raise InputError(f"warmup takes 'buckets' or a list; got {shapes!r}")
+            if self.buckets is None:
+                raise InputError("warmup('buckets') needs compile(..., buckets=...)")
+            shapes = self.buckets.combinations(self._example_dims())
+        calls = [s if _is_inputs(self.model, s) else self._inputs_for(s) for s in shapes]
+        distinct = {self._signature(self._pad(self._arrays(c))[0]) for c in calls}
+        if len(distinct) > self.cache_size:
+            raise ValueError(
+                f"warmup would compile {len(distinct)} signatures but cache_size is "
+                f"{self.cache_size}: the first would be evicted before traffic; compile with "
+                f"cache_size={len(distinct)} or more"
+            )
+        for inputs in calls:
+            shapes_in = {n: tuple(np.shape(v)) for n, v in inputs.items()}
+            with telemetry.span(
+                "transmuter.warmup", {"source": self.model.source, "shapes": shapes_in}
+            ):
+                self(inputs)
+        return len(distinct)
+
+    def _pad(self, arrays: dict[str, Any]):
+        """`arrays` padded to their buckets, the padding, and what cache events say of it."""
+        if self.buckets is None:
+            return arrays, None, None
+        padding = self.buckets.padding(arrays)
+        if not padding.padded:
+            return arrays, padding, None
+        note = {
+            "padded_from": {
+                n: tuple(np.shape(arrays[n])) for n in self.buckets.inputs if n in arrays
+            }
+        }
+        return self.buckets.pad(arrays, padding), padding, note
+
+    def _example_dims(self) -> dict[str, int]:
+        """The size of each named dim in the example inputs."""
+        sizes = {}
+        for name, value in self._example.items():
+            spec = self.model.input_specs[name]
+            for dim, size in zip(getattr(spec, "shape", None) or (), np.shape(value)):
+                if isinstance(dim, ir.SymbolicDim):
+                    sizes.setdefault(dim.name, size)
+        return sizes
+
+    def _inputs_for(self, dims: Mapping[str, int]) -> dict[str, Any]:
+        """Inputs of the shapes `dims` gives (example sizes for the rest): the pad values, or
+        zeros, of the example inputs' dtypes; static and string inputs as in the example."""
+        if not isinstance(dims, Mapping):
+            raise InputError(f"warmup shapes are dicts of dim name -> size; got {dims!r}")
+        sizes = {**self._example_dims(), **dims}
+        inputs = {}
+        for name, value in self._example.items():
+            if name not in self._data:
+                inputs[name] = value
+                continue
+            shape = []
+            for axis, dim in enumerate(self.model.input_specs[name].shape):
+                parts = dim_parts(dim)
+                if parts is None or any(isinstance(p, str) and p not in sizes for p in parts):
+                    shape.append(np.shape(value)[axis])
+                else:
+                    shape.append(sum(p if isinstance(p, int) else sizes[p] for p in parts))
+            fill = (self.buckets.pad_values if self.buckets else {}).get(name, 0)
+            inputs[name] = np.full(shape, fill, np.asarray(value).dtype)
+        return inputs
 
     def _arrays(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(inputs, Mapping):
@@ -130,7 +259,49 @@ class CompiledModel:
 
 
 def _is_string(model, name: str) -> bool:
-    return getattr(model.input_specs[name], "dtype", None) == np.dtype(object)
+    """Inputs that live on the host: string tensors, and maps whose values are strings."""
+    spec = model.input_specs[name]
+    if isinstance(spec, ir.MapType):
+        spec = spec.value
+    return getattr(spec, "dtype", None) == np.dtype(object)
+
+
+def _mismatch(got: Any, want: Any) -> str:
+    """What differs between a padded run's output and the unpadded one; "" when they agree
+    within float rounding (padding may change the order of a few sums)."""
+    if isinstance(want, list) or want is None:
+        return "" if _same_structure(got, want) else "a different sequence"
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{got.dtype}{list(got.shape)} instead of {want.dtype}{list(want.shape)}"
+    if want.dtype.kind not in "fc":
+        return "" if np.array_equal(got, want) else "different values"
+    wide_got, wide_want = got.astype(np.complex128), want.astype(np.complex128)
+    finite = np.isfinite(wide_want)
+    scale = float(np.abs(wide_want[finite]).max(initial=0.0))
+    rtol = max(1e-4, 64 * float(np.finfo(want.dtype).eps))
+    error = float(np.abs(wide_got - wide_want)[finite].max(initial=0.0))
+    same_special = np.array_equal(wide_got[~finite], wide_want[~finite], equal_nan=True)
+    if error <= rtol * max(scale, 1e-30) and same_special:
+        return ""
+    return f"max difference {error:.3g} against values up to {scale:.3g}"
+
+
+def _same_structure(got: Any, want: Any) -> bool:
+    if want is None or got is None:
+        return got is want
+    return len(got) == len(want) and all(not _mismatch(a, b) for a, b in zip(got, want))
+
+
+def _describe(padding) -> str:
+    return ", ".join(
+        f"{d} {got} to {padded}" for d, (got, padded) in padding.sizes.items() if got != padded
+    )
+
+
+def _is_inputs(model, value: Any) -> bool:
+    """Whether a warmup entry is an input dict (not a dict of dim sizes)."""
+    return isinstance(value, Mapping) and bool(value) and set(value) <= set(model.inputs)
 
 
 def _has_random(plan) -> bool:

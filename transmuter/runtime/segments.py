@@ -14,6 +14,7 @@ concrete); each position keeps its `cache_size` most recently used entries.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,15 +59,24 @@ class SegmentRunner:
         self.reads_after = _reads_after(self.plan)
         self._reads: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
         self.data: frozenset[str] = frozenset()
+        self.note: dict[str, Any] = {}
 
-    def run(self, env: dict[str, Any], data: frozenset[str], key: Any = None) -> None:
+    def run(
+        self,
+        env: dict[str, Any],
+        data: frozenset[str],
+        key: Any = None,
+        note: Mapping[str, Any] | None = None,
+    ) -> None:
         """Run every node, updating `env` (name -> value) in place. Call inside `x64_scope`.
 
         `data` names the inputs that are device values even while they are still numpy arrays
         (compiled programs take numpy directly; they move to the device only where a node runs
         eagerly). `key` is the call's PRNG key (None for graphs without random operators); each
-        segment and break draws from it folded with its position, so no two draw alike."""
+        segment and break draws from it folded with its position, so no two draw alike. `note`
+        is added to the call's cache events (the shapes a call had before buckets padded it)."""
         self.data = data
+        self.note = dict(note or {})
         start = 0
         steps = self.plan.steps
         while start < len(steps):
@@ -109,7 +119,7 @@ class SegmentRunner:
                     shapes.append((name, signature(value)))
         cache_key = (tuple(shapes), tuple(host_digests))
         cache = self.caches.setdefault(start, OrderedDict())
-        metadata = {"source": self.model.source, "position": start, "shapes": shapes}
+        metadata = {"source": self.model.source, "position": start, "shapes": shapes, **self.note}
         segment = cache.get(cache_key)
         if segment is not None:
             cache.move_to_end(cache_key)
@@ -168,7 +178,12 @@ class SegmentRunner:
             return {n: v for n, v in produced.items() if not is_host(v)}
 
         with telemetry.span("transmuter.segment.compile", metadata) as span:
-            lowered = jax.jit(program).lower(device_args, key)
+            # Timed apart: tracing is our graph walk, lowering JAX's, compiling XLA's.
+            began = time.perf_counter()
+            traced = jax.jit(program).trace(device_args, key)
+            traced_at = time.perf_counter()
+            lowered = traced.lower()
+            lowered_at = time.perf_counter()
             stop = found["stop"]
             length = (stop if stop is not None else len(self.plan.steps)) - start
             # A short segment around a break costs more to compile than to run op by op; a graph
@@ -182,6 +197,9 @@ class SegmentRunner:
                     compiled = lowered.compile()
                 disk = probe.outcome
             span.stop_metadata.update(
+                trace_s=round(traced_at - began, 4),
+                lower_s=round(lowered_at - traced_at, 4),
+                xla_s=round(time.perf_counter() - lowered_at, 4) if not eager else 0.0,
                 stop=stop if stop is not None else "end",
                 compiled=not eager,
                 disk_cache=disk,

@@ -23,7 +23,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import HostValueNeeded, ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.shape import array_module
+from transmuter.lowering.ops.shape import array_module, on_host
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -59,6 +59,18 @@ def _half_in_float32(fn):
     return wrapped
 
 
+def _numpy_on_host(fn, host_fn):
+    """`fn`, or `host_fn` (numpy, the same semantics) when every input is a host value. Host
+    values are shape arithmetic, evaluated while tracing: through JAX each new shape of them
+    would compile a small XLA program of its own."""
+
+    @functools.wraps(fn)
+    def either(*xs):
+        return host_fn(*xs) if on_host(*xs) else fn(*xs)
+
+    return either
+
+
 def _unidirectional(value, shape, what: str):
     """`value` broadcast to `shape`, which it may not change (ONNX unidirectional broadcasting)."""
     try:
@@ -81,19 +93,19 @@ def _erf(x):
 
 
 _UNARY = (
-    ("Abs", (1, 6, 13), jnp.abs),
-    ("Neg", (1, 6, 13), jnp.negative),
+    ("Abs", (1, 6, 13), _numpy_on_host(jnp.abs, np.abs)),
+    ("Neg", (1, 6, 13), _numpy_on_host(jnp.negative, np.negative)),
     ("Exp", (1, 6, 13), jnp.exp),
     ("Log", (1, 6, 13), jnp.log),
     ("Sqrt", (1, 6, 13), jnp.sqrt),
     ("Reciprocal", (1, 6, 13), jnp.reciprocal),
-    ("Floor", (1, 6, 13), jnp.floor),
-    ("Ceil", (1, 6, 13), jnp.ceil),
+    ("Floor", (1, 6, 13), _numpy_on_host(jnp.floor, np.floor)),
+    ("Ceil", (1, 6, 13), _numpy_on_host(jnp.ceil, np.ceil)),
     ("Relu", (1, 6, 13, 14), lambda x: jnp.maximum(x, 0)),
     ("Sigmoid", (1, 6, 13), jax.nn.sigmoid),
     ("Tanh", (1, 6, 13), jnp.tanh),
     ("Round", (11, 22), jnp.round),  # half to even, as the spec asks
-    ("Sign", (9, 13), jnp.sign),
+    ("Sign", (9, 13), _numpy_on_host(jnp.sign, np.sign)),
     ("Sin", (7, 22), jnp.sin),
     ("Cos", (7, 22), jnp.cos),
     ("Tan", (7, 22), jnp.tan),
@@ -107,7 +119,7 @@ _UNARY = (
     ("Atanh", (9, 22), jnp.arctanh),
     ("Erf", (9, 13), _erf),
     ("IsNaN", (9, 13, 20), jnp.isnan),
-    ("Not", 1, jnp.logical_not),
+    ("Not", 1, _numpy_on_host(jnp.logical_not, np.logical_not)),
     ("BitwiseNot", 18, jnp.bitwise_not),
     ("Softplus", (1, 22), _half_in_float32(lambda X: jnp.logaddexp(X, 0))),
     ("Softsign", (1, 22), _half_in_float32(lambda X: X / (1 + jnp.abs(X)))),
@@ -161,12 +173,15 @@ def isinf(X, *, detect_negative=1, detect_positive=1):
 def _divide(A, B):
     # Integer Div truncates toward zero (C semantics); jnp's floor_divide would round down.
     if _is_int(A.dtype):
+        if on_host(A, B):
+            quotient = np.abs(A) // np.maximum(np.abs(B), 1)  # x / 0 is undefined in ONNX
+            return np.where((A < 0) != (B < 0), -quotient, quotient).astype(A.dtype)
         return lax.div(*jnp.broadcast_arrays(A, B))
-    return jnp.divide(A, B)
+    return np.divide(A, B) if on_host(A, B) else jnp.divide(A, B)
 
 
 def _equal(A, B):
-    if array_module(A, B) is np:
+    if array_module(A, B) is np or on_host(A, B):
         return np.asarray(A == B, dtype=bool)
     return jnp.equal(A, B)
 
@@ -217,9 +232,9 @@ def _legacy_binary(name: str, fn, since: int, consumed_inputs: bool):
 
 
 for _name, _fn in (
-    ("Add", jnp.add),
-    ("Sub", jnp.subtract),
-    ("Mul", jnp.multiply),
+    ("Add", _numpy_on_host(jnp.add, np.add)),
+    ("Sub", _numpy_on_host(jnp.subtract, np.subtract)),
+    ("Mul", _numpy_on_host(jnp.multiply, np.multiply)),
     ("Div", _divide),
 ):
     op(_name, since=1)(_legacy_binary(_name, _fn, 1, consumed_inputs=True))
@@ -227,19 +242,19 @@ for _name, _fn in (
     op(_name, since=(7, 13, 14))(_binary(_name, _fn))
 
 for _name, _since, _fn in (
-    ("And", (7,), jnp.logical_and),
-    ("Or", (7,), jnp.logical_or),
-    ("Xor", (7,), jnp.logical_xor),
+    ("And", (7,), _numpy_on_host(jnp.logical_and, np.logical_and)),
+    ("Or", (7,), _numpy_on_host(jnp.logical_or, np.logical_or)),
+    ("Xor", (7,), _numpy_on_host(jnp.logical_xor, np.logical_xor)),
     ("Equal", (7, 11, 13, 19), _equal),
-    ("Less", (7, 9, 13), jnp.less),
-    ("Greater", (7, 9, 13), jnp.greater),
+    ("Less", (7, 9, 13), _numpy_on_host(jnp.less, np.less)),
+    ("Greater", (7, 9, 13), _numpy_on_host(jnp.greater, np.greater)),
 ):
     op(_name, since=1)(_legacy_binary(_name, _fn, 1, consumed_inputs=False))
     op(_name, since=_since)(_binary(_name, _fn))
 
 for _name, _since, _fn in (
-    ("LessOrEqual", (12, 16), jnp.less_equal),
-    ("GreaterOrEqual", (12, 16), jnp.greater_equal),
+    ("LessOrEqual", (12, 16), _numpy_on_host(jnp.less_equal, np.less_equal)),
+    ("GreaterOrEqual", (12, 16), _numpy_on_host(jnp.greater_equal, np.greater_equal)),
     ("BitwiseAnd", 18, jnp.bitwise_and),
     ("BitwiseOr", 18, jnp.bitwise_or),
     ("BitwiseXor", 18, jnp.bitwise_xor),
@@ -346,8 +361,16 @@ def _total(values):
 
 
 for _name, _since, _combine in (
-    ("Min", (6, 8, 12, 13), lambda xs: functools.reduce(jnp.minimum, xs)),
-    ("Max", (6, 8, 12, 13), lambda xs: functools.reduce(jnp.maximum, xs)),
+    (
+        "Min",
+        (6, 8, 12, 13),
+        lambda xs: functools.reduce(_numpy_on_host(jnp.minimum, np.minimum), xs),
+    ),
+    (
+        "Max",
+        (6, 8, 12, 13),
+        lambda xs: functools.reduce(_numpy_on_host(jnp.maximum, np.maximum), xs),
+    ),
     ("Sum", (6, 8, 13), _total),
     ("Mean", (6, 8, 13), _mean),
 ):
@@ -358,7 +381,7 @@ for _name, _since, _combine in (
 @op("Where", since=(9, 16), context=True)
 def where(ctx, condition, X, Y):
     """ONNX Where-9..16: X where condition holds, else Y, broadcast."""
-    xp = array_module(X, Y)
+    xp = np if on_host(condition, X, Y) else array_module(X, Y)
     if xp is np and isinstance(condition, jax.core.Tracer):
         # Strings live on the host, so choosing among them needs the condition there too.
         raise HostValueNeeded(
@@ -439,7 +462,20 @@ def _cast(x, to, *, saturate=1, inf_saturates=True, round_mode="up"):
         # types onnx's conformance data truncates toward zero and keeps the low bits (INT4:
         # 8 -> -8, -9 -> 7), as integer -> integer casts do. XLA's float -> int4 would saturate.
         return jnp.asarray(x).astype(jnp.int64).astype(to)
+    if on_host(x) and _same_on_host(np.dtype(x.dtype), to):
+        return np.asarray(x).astype(to)
     return jnp.asarray(x).astype(to)
+
+
+_IEEE = {np.dtype(t) for t in (np.float16, np.float32, np.float64)}
+
+
+def _same_on_host(source: np.dtype, target: np.dtype) -> bool:
+    """Casts numpy computes as XLA does: between integers and booleans (integers wrap), and to
+    IEEE floats from those or from IEEE floats (round to nearest even). Float -> integer is
+    out-of-range-defined differently, so it stays with JAX."""
+    exact = source.kind in "biu" or source in _IEEE
+    return (target.kind in "biu" and source.kind in "biu") or (target in _IEEE and exact)
 
 
 def _to_e8m0(x, saturate, round_mode: str):

@@ -16,7 +16,7 @@ import numpy as np
 
 from transmuter.errors import HostValueNeeded, ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.shape import array_module, host_scalar, normalize_axis
+from transmuter.lowering.ops.shape import array_module, host_module, host_scalar, normalize_axis
 
 
 def _wrap(xp, indices, size: int, what: str):
@@ -47,7 +47,7 @@ def _strings_need_host_indices(ctx, strings, indices, position: int = 1) -> None
 def gather(ctx, data, indices, *, axis=0):
     """ONNX Gather-1..13: take entries of `data` along `axis` at `indices` (rank q + r - 1)."""
     _strings_need_host_indices(ctx, data, indices)
-    xp = array_module(data)
+    xp = host_module(data, indices)
     axis = normalize_axis(axis, data.ndim, "Gather axis")
     return xp.take(data, _wrap(xp, indices, data.shape[axis], "Gather indices"), axis=axis)
 
@@ -56,7 +56,7 @@ def gather(ctx, data, indices, *, axis=0):
 def gather_elements(ctx, data, indices, *, axis=0):
     """ONNX GatherElements-11..13: out[i][j] = data[indices[i][j]][j] (for axis 0), per element."""
     _strings_need_host_indices(ctx, data, indices)
-    xp = array_module(data)
+    xp = host_module(data, indices)
     axis = normalize_axis(axis, data.ndim, "GatherElements axis")
     if indices.ndim != data.ndim or any(
         i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape, strict=True)) if a != axis

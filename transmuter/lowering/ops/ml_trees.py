@@ -597,7 +597,9 @@ def tree_ensemble_classifier(
         classlabels_int64s=classlabels_int64s, classlabels_strings=classlabels_strings,
     )  # fmt: skip
     if len(labels) < 2:
-        raise ValueError(f"{op_type}: the class labels must name at least 2 classes, got {len(labels)}")
+        raise ValueError(
+            f"{op_type}: the class labels must name at least 2 classes, got {len(labels)}"
+        )
     values = _floats(op_type, "nodes_values", nodes_values, nodes_values_as_tensor, required=True)
     nodes = _nodes(nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes, values,
                    nodes_truenodeids, nodes_falsenodeids, nodes_missing_value_tracks_true)  # fmt: skip

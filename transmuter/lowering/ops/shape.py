@@ -30,6 +30,19 @@ def array_module(*values):
     return np if strings else jnp
 
 
+def on_host(*values) -> bool:
+    """Whether every value (absent ones aside) is a host value: a numpy array or scalar."""
+    return all(isinstance(v, (np.ndarray, np.generic)) for v in values if v is not None)
+
+
+def host_module(*values):
+    """numpy where every value is on the host (or one is a string tensor), else jax.numpy: for
+    operators whose numpy and JAX forms agree exactly (moving data, integer arithmetic). Host
+    values are shape arithmetic evaluated while tracing, and through JAX each new shape of them
+    would compile a small XLA program of its own."""
+    return np if on_host(*values) else array_module(*values)
+
+
 def host_ints(value) -> list:
     """A host tensor (or a tuple attribute) as a list of Python ints; symbolic dims stay as
     they are."""
@@ -116,7 +129,7 @@ def _reshape(data, shape, allowzero: int):
         raise ShapeError(
             f"Reshape shape {dims} has {math.prod(target)} elements; the input {list(data.shape)} has {total}"
         )
-    return array_module(data).reshape(data, target)
+    return host_module(data).reshape(data, target)
 
 
 @op("Reshape", since=1)
@@ -147,7 +160,7 @@ def flatten(input, *, axis=1):
         )
     axis = axis + rank if axis < 0 else axis
     shape = (math.prod(input.shape[:axis]), math.prod(input.shape[axis:]))
-    return array_module(input).reshape(input, shape)
+    return host_module(input).reshape(input, shape)
 
 
 def _squeeze(data, axes):
@@ -161,7 +174,7 @@ def _squeeze(data, axes):
                 f"Squeeze axes {wide} of input shape {list(data.shape)} are not of size 1"
             )
     shape = [d for i, d in enumerate(data.shape) if i not in drop]
-    return array_module(data).reshape(data, shape)
+    return host_module(data).reshape(data, shape)
 
 
 @op("Squeeze", since=(1, 11))
@@ -183,7 +196,7 @@ def _unsqueeze(data, axes):
         raise ShapeError(f"Unsqueeze axes {list(axes)} repeat an axis")
     dims = iter(data.shape)
     shape = [1 if i in inserted else next(dims) for i in range(rank)]
-    return array_module(data).reshape(data, shape)
+    return host_module(data).reshape(data, shape)
 
 
 @op("Unsqueeze", since=(1, 11))
@@ -206,7 +219,7 @@ def transpose(data, *, perm=None):
         raise ShapeError(
             f"Transpose perm {list(perm)} is not a permutation of the {data.ndim} input dims"
         )
-    return array_module(data).transpose(data, perm)
+    return host_module(data).transpose(data, perm)
 
 
 def _depth_to_space(x, blocksize: int, mode: str):
@@ -285,7 +298,7 @@ def _concat(inputs, axis: int):
                 f"Concat input {i} has shape {list(x.shape)}; it must match input 0 "
                 f"{list(first.shape)} in every dim but axis {axis}"
             )
-    return array_module(*inputs).concatenate(inputs, axis=axis)
+    return host_module(*inputs).concatenate(inputs, axis=axis)
 
 
 @op("Concat", since=1)
@@ -439,7 +452,7 @@ def expand(input, shape):
                 f"Expand: input shape {list(input.shape)} does not broadcast with {target}"
             )
         out.append(a if b == 1 else b)
-    return array_module(input).broadcast_to(input, tuple(out))
+    return host_module(input).broadcast_to(input, tuple(out))
 
 
 def _tile(input, repeats):
@@ -448,7 +461,7 @@ def _tile(input, repeats):
             f"Tile repeats {repeats} must be {input.ndim} non-negative values (one per input dim)"
         )
     # Symbolic repeat counts (exporting with symbolic shapes) give a traced value.
-    xp = jnp if any(map(is_symbolic_dim, repeats)) else array_module(input)
+    xp = jnp if any(map(is_symbolic_dim, repeats)) else host_module(input)
     return xp.tile(input, repeats)
 
 
