@@ -1,6 +1,7 @@
 """Graphs in the shapes other exporters write (tests/fixtures/make_exporters.py): Paddle's -1
 dims, tf2onnx's NHWC transposes and shape idioms, Optimum's merged decoder with its If on
-use_cache_branch; eager and compiled against ONNX Runtime's stored outputs, and `transmuter
+use_cache_branch; plus a Keras model converted by the real tf2onnx (tests/fixtures/make_tf2onnx.py,
+`tf2onnx_keras`); eager and compiled against ONNX Runtime's stored outputs, and `transmuter
 check` on each file."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import transmuter
 from transmuter.cli import main
 
 EXPORTERS = Path(__file__).resolve().parents[1] / "fixtures" / "exporters"
-NAMES = ["paddle_style", "tf2onnx_style", "optimum_merged_decoder"]
+NAMES = ["paddle_style", "tf2onnx_style", "tf2onnx_keras", "optimum_merged_decoder"]
 RTOL, ATOL = 1e-5, 1e-6
 
 
