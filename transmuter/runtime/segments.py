@@ -14,9 +14,11 @@ concrete); each position keeps its `cache_size` most recently used entries.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +61,10 @@ class SegmentRunner:
         self.reads_after = _reads_after(self.plan)
         self._reads: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
         self.data: frozenset[str] = frozenset()
-        self.note: dict[str, Any] = {}
+        # Threads share the caches: the lock guards them, and a key being compiled has a future
+        # that later threads wait on, so each key compiles once.
+        self._lock = threading.Lock()
+        self._building: dict[tuple[int, tuple], Future] = {}
 
     def run(
         self,
@@ -76,12 +81,11 @@ class SegmentRunner:
         segment and break draws from it folded with its position, so no two draw alike. `note`
         is added to the call's cache events (the shapes a call had before buckets padded it)."""
         self.data = data
-        self.note = dict(note or {})
         start = 0
         steps = self.plan.steps
         while start < len(steps):
             segment_key = _fold(key, start)
-            segment, device_args = self.segment(start, env, segment_key)
+            segment, device_args = self.segment(start, env, segment_key, note)
             if segment.program is not None:
                 env.update(segment.program(device_args, segment_key))
                 env.update(segment.host_outputs)
@@ -103,9 +107,14 @@ class SegmentRunner:
                 env[name] = on_device(env[name])
 
     def segment(
-        self, start: int, env: Mapping[str, Any], key: Any = None
+        self,
+        start: int,
+        env: Mapping[str, Any],
+        key: Any = None,
+        note: Mapping[str, Any] | None = None,
     ) -> tuple[Segment, dict[str, Any]]:
-        """The cached segment starting at `start` for the values in `env`, and its arguments."""
+        """The cached segment starting at `start` for the values in `env`, and its arguments.
+        Compiled once per key, whichever threads ask for it at once."""
         weights, varying = self.reads(start)
         device_args = dict(weights)
         shapes, host_digests = [], []
@@ -118,27 +127,48 @@ class SegmentRunner:
                     device_args[name] = value
                     shapes.append((name, signature(value)))
         cache_key = (tuple(shapes), tuple(host_digests))
-        cache = self.caches.setdefault(start, OrderedDict())
-        metadata = {"source": self.model.source, "position": start, "shapes": shapes, **self.note}
-        segment = cache.get(cache_key)
-        if segment is not None:
-            cache.move_to_end(cache_key)
+        metadata = {
+            "source": self.model.source,
+            "position": start,
+            "shapes": shapes,
+            **(note or {}),
+        }
+        with self._lock:
+            cache = self.caches.setdefault(start, OrderedDict())
+            segment = cache.get(cache_key)
+            if segment is not None:
+                cache.move_to_end(cache_key)
+            pending = self._building.get((start, cache_key))
+            builds = segment is None and pending is None
+            if builds:
+                pending = self._building[(start, cache_key)] = Future()
+        if segment is not None or not builds:
             if telemetry.listening("transmuter.cache.hit"):
-                telemetry.emit("transmuter.cache.hit", {"count": 1}, metadata)
-            return segment, device_args
+                waited = {} if segment is not None else {"waited_for_compile": True}
+                telemetry.emit("transmuter.cache.hit", {"count": 1}, {**metadata, **waited})
+            return (segment if segment is not None else pending.result()), device_args
         if telemetry.listening("transmuter.cache.miss"):
             telemetry.emit("transmuter.cache.miss", {"count": 1}, metadata)
         host_names = [name for name, _ in host_digests]
-        segment = self.build(start, env, device_args, host_names, metadata, key)
-        cache[cache_key] = segment
-        while len(cache) > self.cache_size:
-            cache.popitem(last=False)  # dropping the executable frees it
-            if telemetry.listening("transmuter.cache.evict"):
-                telemetry.emit(
-                    "transmuter.cache.evict",
-                    {"count": 1},
-                    {**metadata, "cache_size": self.cache_size},
-                )
+        try:
+            segment = self.build(start, env, device_args, host_names, metadata, key)
+        except BaseException as exc:
+            with self._lock:
+                del self._building[(start, cache_key)]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            cache[cache_key] = segment
+            del self._building[(start, cache_key)]
+            evicted = 0
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)  # dropping the executable frees it
+                evicted += 1
+        pending.set_result(segment)
+        if evicted and telemetry.listening("transmuter.cache.evict"):
+            evict_metadata = {**metadata, "cache_size": self.cache_size}
+            for _ in range(evicted):
+                telemetry.emit("transmuter.cache.evict", {"count": 1}, evict_metadata)
         return segment, device_args
 
     def reads(self, start: int) -> tuple[dict[str, Any], tuple[str, ...]]:
