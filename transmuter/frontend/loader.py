@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx.inliner
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
@@ -23,11 +27,18 @@ def load_model(source) -> ir.Model:
     the model's folder is refused.
     """
     proto, base_dir = read_proto(source)
+    bad = _undecoded_text(proto)
+    if bad is not None:
+        field, value = bad
+        raise ModelLoadError(
+            f"the ONNX model is corrupt: its {field} {value[:60]!r} is not UTF-8 text"
+        )
     if not proto.HasField("graph"):
         raise ModelLoadError("the ONNX model has no graph (is the file complete?)")
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     opsets = {_domain(o.domain): o.version for o in proto.opset_import}
+    _check_opsets(opsets)
     # External data may be reached through links only where the model itself leads: a cache
     # that links a model and its data into one store (the Hugging Face cache's blobs/).
     stores = {base_dir.resolve(), Path(source).resolve().parent} if base_dir else set()
@@ -70,8 +81,53 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return proto
 
 
+def _undecoded_text(message) -> tuple[str, bytes] | None:
+    """The first string field (a name, an op type, a dim name...) that protobuf left as bytes
+    because it is not valid UTF-8, as (Message.field, bytes); None if every one decodes."""
+    for field, value in message.ListFields():
+        if field.type not in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE):
+            continue
+        repeated = getattr(field, "is_repeated", None)
+        if repeated is None:  # protobuf < 5
+            repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        for item in value if repeated else (value,):
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                found = _undecoded_text(item)
+                if found is not None:
+                    return found
+            elif isinstance(item, bytes):
+                return f"{message.DESCRIPTOR.name}.{field.name}", item
+    return None
+
+
 def _domain(name: str) -> str:
     return "" if name == "ai.onnx" else name
+
+
+@functools.cache
+def _known_opsets() -> dict[str, tuple[int, int]]:
+    """domain -> (first, last) opset version the installed onnx defines schemas for."""
+    known = {"": (1, onnx.defs.onnx_opset_version())}
+    known["ai.onnx.ml"] = (1, onnx.defs.onnx_ml_opset_version())
+    version_map = getattr(onnx.defs.C, "schema_version_map", None)
+    for domain, (first, last) in (version_map() if version_map else {}).items():
+        known[_domain(domain)] = (first, last)
+    return known
+
+
+def _check_opsets(opsets: dict[str, int]) -> None:
+    # ONNX Runtime refuses an opset newer than it knows (ValidateOpsetForDomain); a version no
+    # schema defines has no semantics to lower. Domains onnx has no schemas for (com.microsoft,
+    # custom ones) are left to operator lookup.
+    for domain, version in opsets.items():
+        if domain not in _known_opsets():
+            continue
+        first, last = _known_opsets()[domain]
+        if not first <= version <= last:
+            raise ModelLoadError(
+                f"the model imports opset {version} of {domain or 'ai.onnx'}, which the installed "
+                f"onnx {onnx.__version__} does not define (it knows versions {first}..{last})"
+            )
 
 
 class _Converter:
@@ -109,7 +165,12 @@ class _Converter:
                 raise ModelLoadError(
                     f"node {n.name!r} refers to a function attribute outside a function"
                 )
-            attrs[a.name] = self.attribute(a, scope)
+            try:
+                attrs[a.name] = self.attribute(a, scope)
+            except UnicodeDecodeError as exc:
+                raise ModelLoadError(
+                    f"node {n.name!r} ({n.op_type}) attribute {a.name!r} is not UTF-8 text: {exc}"
+                ) from None
         return ir.Node(
             op_type=n.op_type,
             domain=_domain(n.domain),
@@ -157,6 +218,7 @@ class _Converter:
             dtype = dtypes.from_onnx(t.data_type)
         except ValueError as exc:
             raise ModelLoadError(f"tensor {t.name!r}: {exc}") from None
+        _check_dims(t.name, t.dims)
         if t.data_location == onnx.TensorProto.EXTERNAL:
             return self.external_tensor(t, dtype)
         try:
@@ -172,6 +234,18 @@ class _Converter:
                 f"tensor {t.name!r} keeps its data in {info.get('location')!r}: load the model "
                 "from its file path so the data file can be found beside it"
             )
+        if "\x00" in info.get("location", ""):
+            raise ModelLoadError(
+                f"tensor {t.name!r}: external data location {info['location']!r} holds a NUL byte"
+            )
+        try:
+            return self._read_external(t, dtype, info)
+        except OSError as exc:  # a name too long, a folder where a file should be, ...
+            raise ModelLoadError(
+                f"tensor {t.name!r}: cannot read external data {info.get('location')!r}: {exc}"
+            ) from None
+
+    def _read_external(self, t: onnx.TensorProto, dtype: np.dtype, info: dict) -> np.ndarray:
         named = Path(os.path.normpath(self.base_dir / info.get("location", "")))
         path = named.resolve()
         inside = named.is_relative_to(self.base_dir) and named != self.base_dir
@@ -182,12 +256,12 @@ class _Converter:
             )
         if not path.is_file():
             raise ModelLoadError(f"tensor {t.name!r}: external data file {str(path)!r} is missing")
-        offset = int(info.get("offset", 0))
+        offset = _external_int(t.name, info, "offset", 0)
         shape = tuple(int(d) for d in t.dims)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # Python ints: a product of huge dims must not wrap
         packed = dtype.itemsize == 1 and dtype.name in _SUB_BYTE
         nbytes = (count * _SUB_BYTE[dtype.name] + 7) // 8 if packed else count * dtype.itemsize
-        length = int(info.get("length", nbytes))
+        length = _external_int(t.name, info, "length", nbytes)
         if length < nbytes or offset + length > path.stat().st_size:
             raise ModelLoadError(
                 f"tensor {t.name!r}: external data file {path.name!r} holds fewer bytes than "
@@ -208,10 +282,40 @@ class _Converter:
         return data.view(dtype).reshape(shape)
 
     def sparse_tensor(self, s: onnx.SparseTensorProto) -> np.ndarray:
+        name = s.values.name
+        _check_dims(name, s.dims)
+        shape = tuple(int(d) for d in s.dims)
         values = self.tensor(s.values)
         indices = self.tensor(s.indices)
-        shape = tuple(int(d) for d in s.dims)
-        dense = np.zeros(shape, values.dtype)
+        what = f"sparse tensor {name!r} of shape {list(shape)}"
+        nnz = values.size
+        if values.ndim != 1:
+            raise ModelLoadError(f"{what}: its values must be 1-D, got shape {list(values.shape)}")
+        if indices.dtype.kind not in "iu":
+            raise ModelLoadError(f"{what}: its indices are {indices.dtype.name}, not integers")
+        if indices.shape not in ((nnz,), (nnz, len(shape))):
+            raise ModelLoadError(
+                f"{what}: {nnz} values need indices of shape [{nnz}] (linearized) or "
+                f"[{nnz}, {len(shape)}], got {list(indices.shape)}"
+            )
+        # The dense size comes from the declared dims alone: check it before allocating.
+        nbytes = math.prod(shape) * values.dtype.itemsize
+        if nbytes > _memory_bytes():
+            raise ModelLoadError(
+                f"{what} of {values.dtype.name} densifies to {nbytes:,} bytes, more than this "
+                f"machine's memory ({_memory_bytes():,} bytes)"
+            )
+        bounds = (math.prod(shape),) if indices.ndim == 1 else shape
+        for axis, bound in enumerate(bounds):
+            column = indices if indices.ndim == 1 else indices[:, axis]
+            if column.size and (column.min() < 0 or column.max() >= bound):
+                bad = column[(column < 0) | (column >= bound)][0]
+                where = "linearized index" if indices.ndim == 1 else f"index on axis {axis}"
+                raise ModelLoadError(f"{what}: {where} {int(bad)} is out of range [0, {bound})")
+        try:
+            dense = np.zeros(shape, values.dtype)
+        except MemoryError:
+            raise ModelLoadError(f"{what}: no memory for its {nbytes:,} dense bytes") from None
         if indices.ndim == 1:  # linearized indices
             dense.reshape(-1)[indices] = values
         else:
@@ -234,6 +338,33 @@ _SUB_BYTE = {
 }
 
 
+def _check_dims(name: str, dims) -> None:
+    # Unlike a declared value_info dim (a free dim when negative, see _dim), a stored tensor's
+    # dims are its size: ONNX Runtime and onnx.checker refuse a negative one.
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"tensor {name!r} has a negative dim: dims {list(dims)}")
+
+
+def _external_int(name: str, info: dict[str, str], key: str, default: int) -> int:
+    """An external-data field that holds a byte count: decimal digits only."""
+    if key not in info:
+        return default
+    if not re.fullmatch(r"[0-9]+", info[key]):
+        raise ModelLoadError(
+            f"tensor {name!r}: external data {key} {info[key]!r} is not a non-negative integer"
+        )
+    return int(info[key])
+
+
+@functools.cache
+def _memory_bytes() -> int:
+    """This machine's physical memory: a tensor larger than it cannot be made."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
+
+
 def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:
     which = tp.WhichOneof("value")
     if which == "tensor_type" or which == "sparse_tensor_type":
@@ -241,15 +372,22 @@ def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:
         shape = None
         if tt.HasField("shape"):
             shape = tuple(_dim(d, owner, i) for i, d in enumerate(tt.shape.dim))
-        return ir.TensorType(dtypes.from_onnx(tt.elem_type), shape) if tt.elem_type else None
+        return ir.TensorType(_elem_dtype(tt.elem_type, owner), shape) if tt.elem_type else None
     if which == "sequence_type":
         return ir.SequenceType(_value_type(tp.sequence_type.elem_type, owner))
     if which == "optional_type":
         return ir.OptionalType(_value_type(tp.optional_type.elem_type, owner))
     if which == "map_type":
-        key = dtypes.from_onnx(tp.map_type.key_type)
+        key = _elem_dtype(tp.map_type.key_type, owner)
         return ir.MapType(key, _value_type(tp.map_type.value_type, owner))
     return None
+
+
+def _elem_dtype(elem_type: int, owner: str) -> np.dtype:
+    try:
+        return dtypes.from_onnx(elem_type)
+    except ValueError as exc:
+        raise ModelLoadError(f"the declared type of {owner!r}: {exc}") from None
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> ir.Dim:
