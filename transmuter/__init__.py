@@ -104,6 +104,7 @@ def compile(
     eager_threshold: int = 20,
     buckets: Mapping[str, Any] | None = None,
     pad_values: Mapping[str, Any] | None = None,
+    checks: bool = False,
 ) -> CompiledModel:
     """Compile `model` for the shapes of `example_inputs` (running it once on them).
 
@@ -122,6 +123,11 @@ def compile(
     and outputs that carry it are sliced back; a size past every bucket compiles as it is.
     Padding must be invisible to the model: rows (a leading batch dim) of a row-independent
     graph, or positions a mask input hides; other dims are refused (runtime/buckets.py).
+
+    Integer inputs that index a table (token ids into an embedding) are checked against its
+    size on every call (an InputError). `checks=True` also compiles every segment under
+    `jax.experimental.checkify`, so that an index computed inside the graph raises a NodeError;
+    by default (False) such an index clamps to the table, as XLA's gather does.
     """
     return CompiledModel(
         model,
@@ -132,6 +138,7 @@ def compile(
         eager_threshold=eager_threshold,
         buckets=buckets,
         pad_values=pad_values,
+        checks=checks,
     )
 
 

@@ -45,3 +45,7 @@ class HostValueNeeded(TransmuterError):
             "is computed from traced data. Run eagerly, use transmuter.compile (which splits the "
             "graph there), or pass the inputs it depends on as static_inputs."
         )
+
+
+class CacheError(TransmuterError):
+    """The persistent compile cache (cache_dir) holds an entry that does not fit its program."""

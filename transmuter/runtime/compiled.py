@@ -12,6 +12,7 @@ import numpy as np
 from transmuter import ir, telemetry
 from transmuter.errors import InputError
 from transmuter.runtime.buckets import Buckets, dim_parts
+from transmuter.runtime.disk_cache import use_persistent_cache
 from transmuter.runtime.execute import as_output, x64_scope
 from transmuter.runtime.segments import SegmentRunner, signature
 
@@ -39,6 +40,7 @@ class CompiledModel:
         eager_threshold: int = EAGER_THRESHOLD,
         buckets: Mapping[str, Any] | None = None,
         pad_values: Mapping[str, Any] | None = None,
+        checks: bool = False,
     ):
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, got {cache_size}")
@@ -51,7 +53,10 @@ class CompiledModel:
             use_persistent_cache(cache_dir)
         self.cache_size = cache_size
         self.eager_threshold = eager_threshold
-        self.runner = SegmentRunner(model, cache_size=cache_size, eager_threshold=eager_threshold)
+        self.checks = checks
+        self.runner = SegmentRunner(
+            model, cache_size=cache_size, eager_threshold=eager_threshold, checks=checks
+        )
         self._data = frozenset(
             n for n in model.inputs if n not in self.static_inputs and not _is_string(model, n)
         )
@@ -121,7 +126,9 @@ class CompiledModel:
         their draws differ."""
         if self._keys is None:
             # A runner of its own, so that the exact shape takes no place in the cache.
-            runner = SegmentRunner(self.model, cache_size=1, eager_threshold=self.eager_threshold)
+            runner = SegmentRunner(
+                self.model, cache_size=1, eager_threshold=self.eager_threshold, checks=self.checks
+            )
             want = self._run(given, None, {"padding_check": True}, runner)
             for name in self.model.outputs:
                 error = _mismatch(outputs[name], want[name])
@@ -315,17 +322,3 @@ def _static_key(value: np.ndarray) -> Any:
         value.dtype.str,
         value.tobytes() if value.dtype != object else tuple(value.ravel().tolist()),
     )
-
-
-def use_persistent_cache(path: str | os.PathLike) -> None:
-    """Persist compiled programs under `path` through JAX's persistent compilation cache (a
-    process-wide setting), with no minimum compile time, so that a later process skips XLA."""
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    if jax.config.jax_compilation_cache_dir != path:
-        from jax.experimental.compilation_cache import compilation_cache
-
-        compilation_cache.reset_cache()
-        jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

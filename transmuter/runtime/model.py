@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -66,6 +67,8 @@ class Model:
             self.params: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in params.items()}
             self.device_constants = {k: jnp.asarray(v) for k, v in device_constants.items()}
         self.host_constants: dict[str, np.ndarray] = host_constants
+        # Inputs that index a table of known size: checked per call (check_inputs).
+        self.index_ranges: dict[str, list[IndexRange]] = index_ranges(graph)
 
     @property
     def opsets(self) -> dict[str, int]:
@@ -89,9 +92,12 @@ class Model:
             if extra:
                 parts.append(f"unknown {extra}")
             raise InputError(f"{'; '.join(parts)}. The model's inputs are {self._spec_list()}")
-        return {
+        arrays = {
             name: _check_input(name, inputs[name], self.input_specs[name]) for name in self.inputs
         }
+        for name, ranges in self.index_ranges.items():
+            _check_range(name, arrays[name], ranges)
+        return arrays
 
     def check_input(self, name: str, value: Any) -> Any:
         """One input as an array, checked against its declared type."""
@@ -99,7 +105,9 @@ class Model:
             raise InputError(
                 f"{name!r} is not an input. The model's inputs are {self._spec_list()}"
             )
-        return _check_input(name, value, self.input_specs[name])
+        value = _check_input(name, value, self.input_specs[name])
+        _check_range(name, value, self.index_ranges.get(name, ()))
+        return value
 
     def _spec_list(self) -> str:
         return ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
@@ -118,6 +126,115 @@ def _host_reads(plan: Plan) -> set[str]:
             local.update(name for inner in sub.nodes for name in inner.outputs)
             found.update(_host_reads(plan.subplans[id(sub)]) - local)
     return found
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    """A model input that reaches the indices of `node` (a lookup into the table `table` of
+    `rows` rows) unchanged: its values must lie in [low, high)."""
+
+    low: int
+    high: int
+    node: str
+    op_type: str
+    table: str
+
+
+# Ops that pass an integer input's values on unchanged (input 0), so that the values reaching a
+# lookup are the input's own. Cast is one only when it widens or keeps a signed integer type.
+_PASS_THROUGH = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
+# (op type, domain) -> [(indices input, table input, attribute naming the table axis or None,
+# whether negative indices count from the end)]. ORT's EmbedLayerNormalization kernels reject
+# negative ids; Gather, GatherElements and GatherBlockQuantized take [-rows, rows).
+_LOOKUPS = {
+    ("Gather", ""): [(1, 0, "axis", True)],
+    ("GatherElements", ""): [(1, 0, "axis", True)],
+    ("GatherBlockQuantized", "com.microsoft"): [(1, 0, "gather_axis", True)],
+    ("EmbedLayerNormalization", "com.microsoft"): [
+        (0, 2, None, False),
+        (1, 4, None, False),
+        (8, 3, None, False),
+    ],
+    ("QEmbedLayerNormalization", "com.microsoft"): [(0, 2, None, False), (1, 4, None, False)],
+}
+
+
+def index_ranges(graph: ir.Graph) -> dict[str, list[IndexRange]]:
+    """The main graph's integer inputs whose values reach a lookup's indices through
+    `_PASS_THROUGH` ops (and widening casts), with the range each lookup allows; only lookups
+    into initializers, whose size is known. An input reaching a node anywhere else is still
+    checked for the lookups it reaches unchanged."""
+    dtypes_of = {
+        v.name: v.type.dtype
+        for v in graph.inputs
+        if isinstance(v.type, ir.TensorType) and np.dtype(v.type.dtype).kind in "iu"
+    }
+    carried = {name: name for name in dtypes_of}  # value name -> the input it carries
+    found: dict[str, list[IndexRange]] = {}
+    for node in graph.nodes:
+        source = carried.get(node.inputs[0]) if node.inputs else None
+        if source is not None and node.domain == "" and _passes(node, dtypes_of[node.inputs[0]]):
+            for out in node.outputs[:1]:
+                carried[out] = source
+                cast = node.op_type == "Cast"
+                dtypes_of[out] = (
+                    dtypes.from_onnx(node.attrs["to"]) if cast else dtypes_of[node.inputs[0]]
+                )
+        for position, table_at, axis_attr, negative in _LOOKUPS.get(
+            (node.op_type, node.domain), ()
+        ):
+            if max(position, table_at) >= len(node.inputs) or node.inputs[position] not in carried:
+                continue
+            table = graph.initializers.get(node.inputs[table_at])
+            if table is None or not np.ndim(table):
+                continue
+            axis = int(node.attrs.get(axis_attr, 0)) if axis_attr else 0
+            if not -table.ndim <= axis < table.ndim:
+                continue
+            rows = int(table.shape[axis])
+            low = -rows if negative else 0
+            found.setdefault(carried[node.inputs[position]], []).append(
+                IndexRange(low, rows, node.label, node.op_type, node.inputs[table_at])
+            )
+    return found
+
+
+def _passes(node: ir.Node, dtype: np.dtype) -> bool:
+    if node.op_type in _PASS_THROUGH:
+        return True
+    if node.op_type != "Cast" or "to" not in node.attrs:
+        return False
+    try:
+        target = np.dtype(dtypes.from_onnx(node.attrs["to"]))
+    except Exception:  # an unknown type code: not a pass-through
+        return False
+    source = np.dtype(dtype)
+    wider = target.itemsize > source.itemsize
+    return target.kind == "i" and (
+        wider or (source.kind == "i" and target.itemsize == source.itemsize)
+    )
+
+
+def _check_range(name: str, value: Any, ranges) -> None:
+    """Raise an InputError when the integer input `value` holds an index outside a range it
+    must keep; one min and max per call (traced values are not checked: they cannot be)."""
+    if not ranges or isinstance(value, jax.core.Tracer) or not np.size(value):
+        return
+    # On the host even for a JAX array: ids are small, and a jitted min/max would compile once
+    # per new shape of them.
+    value = np.asarray(value)
+    low, high = int(value.min()), int(value.max())
+    for r in ranges:
+        if low >= r.low and high < r.high:
+            continue
+        array = np.asarray(value)
+        bad = (array < r.low) | (array >= r.high)
+        position = np.unravel_index(int(np.argmax(bad)), array.shape)
+        raise InputError(
+            f"input {name!r} holds {int(array[position])} at {list(map(int, position))}, outside "
+            f"the valid range [{r.low}, {r.high - 1}]: it indexes {r.table!r} ({r.high} rows) in "
+            f"node {r.node!r} ({r.op_type})"
+        )
 
 
 def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
@@ -171,6 +288,9 @@ _COMPATIBLE = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c", "U": "O"
 
 
 def _as_array(name: str, value: Any, dtype: np.dtype) -> Any:
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        # A big-endian array (read from a file, say) holds the same values: make it native.
+        return value.astype(value.dtype.newbyteorder("="))
     if isinstance(value, (jax.Array, np.ndarray)):
         return value
     array = np.asarray(value)

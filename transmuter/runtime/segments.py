@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transmuter import ir, telemetry
-from transmuter.errors import HostValueNeeded
+from transmuter.errors import HostValueNeeded, NodeError
+from transmuter.runtime.disk_cache import compile_lowered, guarded
 from transmuter.runtime.execute import on_device
 from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
 
@@ -52,8 +53,10 @@ class Segment:
 class SegmentRunner:
     """Runs one model's main graph through cached segments."""
 
-    def __init__(self, model, *, cache_size: int, eager_threshold: int):
+    def __init__(self, model, *, cache_size: int, eager_threshold: int, checks: bool = False):
         self.model = model
+        # checks: every segment compiles under checkify and raises for out-of-range indices.
+        self.checks = checks
         self.plan: Plan = model.plan
         self.cache_size = cache_size
         self.eager_threshold = eager_threshold
@@ -164,6 +167,11 @@ class SegmentRunner:
             while len(cache) > self.cache_size:
                 cache.popitem(last=False)  # dropping the executable frees it
                 evicted += 1
+        if evicted:
+            # JAX's own tracing and lowering caches keep an entry for every shape ever traced:
+            # clearing them frees what the evicted shapes cost (the programs Transmuter keeps
+            # are its own references and stay usable).
+            jax.clear_caches()
         pending.set_result(segment)
         if evicted and telemetry.listening("transmuter.cache.evict"):
             evict_metadata = {**metadata, "cache_size": self.cache_size}
@@ -210,7 +218,7 @@ class SegmentRunner:
         with telemetry.span("transmuter.segment.compile", metadata) as span:
             # Timed apart: tracing is our graph walk, lowering JAX's, compiling XLA's.
             began = time.perf_counter()
-            traced = jax.jit(program).trace(device_args, key)
+            traced = jax.jit(_checked(program) if self.checks else program).trace(device_args, key)
             traced_at = time.perf_counter()
             lowered = traced.lower()
             lowered_at = time.perf_counter()
@@ -221,11 +229,12 @@ class SegmentRunner:
             # is a node building host values (ZipMap's maps) from the segment's results.
             tail = stop is not None and self.plan.steps[stop].opdef.host_outputs
             eager = (start > 0 or (stop is not None and not tail)) and length < self.eager_threshold
+            eager = eager and not self.checks  # op by op, nothing would check the indices
             disk = None
             if not eager:
-                with _DiskCacheProbe() as probe:
-                    compiled = lowered.compile()
-                disk = probe.outcome
+                compiled, disk = compile_lowered(lowered, traced.lower)
+                if disk == "hit":
+                    compiled = guarded(compiled, jax.config.jax_compilation_cache_dir)
             span.stop_metadata.update(
                 trace_s=round(traced_at - began, 4),
                 lower_s=round(lowered_at - traced_at, 4),
@@ -242,9 +251,28 @@ class SegmentRunner:
             found["reason"],
             found["host"],
             host_names,
-            None if eager else compiled,
+            None if eager else self._raising(compiled, start, stop) if self.checks else compiled,
             found.get("needed"),
         )
+
+    def _raising(self, compiled: Callable, start: int, stop: int | None) -> Callable:
+        """A checked program that raises a NodeError for its first failed check."""
+        steps = self.plan.steps[start:stop]
+        suspects = [s.node.label for s in steps if s.node.op_type.endswith(_INDEXING_OPS)]
+        named = ", ".join(repr(n) for n in suspects[:5]) + (", ..." if len(suspects) > 5 else "")
+
+        def call(args, key):
+            error, outputs = compiled(args, key)
+            exception = error.get_exception()
+            if exception is not None:
+                where = f"nodes {start} to {'the end' if stop is None else stop - 1}"
+                raise NodeError(
+                    f"an index computed in the graph is out of range (checks=True): "
+                    f"{str(exception).strip()} in {where}, indexing nodes {named or 'none'}"
+                ) from exception
+            return outputs
+
+        return call
 
     def run_break(self, position: int, env: dict[str, Any], key: Any = None) -> None:
         """Run the break node eagerly, with its host-needed inputs made concrete."""
@@ -266,6 +294,18 @@ class SegmentRunner:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent):
                     env[name] = jnp.asarray(value)
+
+
+def _checked(program: Callable) -> Callable:
+    """`program` returning checkify's error too: out-of-range gather and scatter indices."""
+    from jax.experimental import checkify
+
+    return checkify.checkify(program, errors=checkify.index_checks | checkify.user_checks)
+
+
+# The ops whose indices checkify checks; a failed check names those of its segment (checkify
+# locates the failure inside jnp.take, not in the node that called it).
+_INDEXING_OPS = ("Gather", "Scatter", "EmbedLayerNormalization", "OneHot", "ReverseSequence")
 
 
 def _keep_decision_on_host(env: dict[str, Any], node: ir.Node, name: str | None) -> None:
@@ -349,33 +389,3 @@ def _digest(value: Any) -> Any:
         value.dtype.str,
         hashlib.blake2b(data.view(np.uint8), digest_size=16).digest(),
     )
-
-
-class _DiskCacheProbe:
-    """Tells whether an XLA compile inside the `with` came from JAX's persistent cache: "hit",
-    "miss" (compiled and written), or None when the persistent cache is off."""
-
-    counts = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/cache_misses": 0}
-    _registered = False
-
-    @classmethod
-    def _listen(cls, event: str, **_: Any) -> None:
-        if event in cls.counts:
-            cls.counts[event] += 1
-
-    def __enter__(self) -> _DiskCacheProbe:
-        if not _DiskCacheProbe._registered:
-            jax.monitoring.register_event_listener(_DiskCacheProbe._listen)
-            _DiskCacheProbe._registered = True
-        self.before = dict(self.counts)
-        self.outcome = None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if (
-            self.counts["/jax/compilation_cache/cache_hits"]
-            > self.before["/jax/compilation_cache/cache_hits"]
-        ):
-            self.outcome = "hit"
-        elif jax.config.jax_compilation_cache_dir:
-            self.outcome = "miss"

@@ -20,6 +20,7 @@ import numpy as np
 
 from transmuter.errors import HostValueNeeded, ShapeError
 from transmuter.lowering import op
+from transmuter.lowering.ops.shape import check_size
 
 _ALL_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 
@@ -148,7 +149,7 @@ def loop(ctx, max_trip_count=None, cond=None, *v_initial, body):
                     "Loop has no trip count and no condition that can end it: it never stops"
                 )
             if probe is not None and probe.stable:
-                return _scan_loop(ctx, body, count, v_initial, k)
+                return _scan_loop(ctx, body, count, v_initial, probe)
             return _python_loop(ctx, body, count, cond, v_initial, k, probe, follow_cond=False)
         result = _python_loop(ctx, body, limit, cond, v_initial, k, probe, follow_cond=True)
         if result is not None:
@@ -164,15 +165,21 @@ def loop(ctx, max_trip_count=None, cond=None, *v_initial, body):
     return _while_loop(ctx, body, max_trip_count, cond, v_initial)
 
 
-def _scan_loop(ctx, body, count: int, carried: Sequence[Any], k: int) -> tuple:
-    """Exactly `count` iterations as one lax.scan; the condition is known to stay True."""
+def _scan_loop(ctx, body, count: int, carried: Sequence[Any], probe: _LoopBody) -> tuple:
+    """Exactly `count` iterations as one lax.scan; the condition is known to stay True. The
+    iteration number is carried, not scanned over: a trip count of 2^62 with no scan output is a
+    long loop, not an array of 2^62 numbers."""
     n = len(carried)
+    for index, spec in enumerate(probe.scan_specs):
+        check_size(f"Loop scan output {index}", (count, *spec.shape), spec.dtype)
 
-    def step(carry, i):
-        outs = ctx.run_graph(body, [i, np.array(True), *carry])
-        return list(outs[1 : 1 + n]), tuple(outs[1 + n :])
+    def step(carry, _):
+        i, values = carry
+        outs = ctx.run_graph(body, [i, np.array(True), *values])
+        return (i + 1, list(outs[1 : 1 + n])), tuple(outs[1 + n :])
 
-    final, stacked = jax.lax.scan(step, list(carried), jnp.arange(count, dtype=jnp.int64))
+    start = (jnp.int64(0), list(carried))
+    (_, final), stacked = jax.lax.scan(step, start, None, length=count)
     return (*final, *stacked)
 
 

@@ -1,7 +1,11 @@
 """Indexing operators: Gather*, Scatter*, OneHot, and the data-dependent NonZero, Compress, Unique.
 
 Negative indices count from the end of their axis. Out-of-range indices are an error in ONNX;
-when the indices are known on the host they are checked, on the device they cannot be.
+when the indices are known on the host they are checked, on the device they cannot be: there a
+gather clamps (after one wrap, so an index below -size reads row 0) and a scatter drops the
+update, as XLA does. `_wrap` is the one wrap; the JAX calls after it are told not to wrap again
+(jnp.take and indexing wrap negatives themselves, which read indices in [-2 size, -size - 1] as
+valid rows). transmuter.compile(..., checks=True) raises for them instead (checkify).
 NonZero, Compress and Unique have output shapes that depend on the data, so they run on the host
 with numpy (`data_dependent=True`). ReverseSequence is a gather along its time axis.
 """
@@ -49,7 +53,11 @@ def gather(ctx, data, indices, *, axis=0):
     _strings_need_host_indices(ctx, data, indices)
     xp = host_module(data, indices)
     axis = normalize_axis(axis, data.ndim, "Gather axis")
-    return xp.take(data, _wrap(xp, indices, data.shape[axis], "Gather indices"), axis=axis)
+    indices = _wrap(xp, indices, data.shape[axis], "Gather indices")
+    if xp is np:
+        return np.take(data, indices, axis=axis)
+    # mode="clip" neither wraps negatives again nor fills NaN: out-of-range rows clamp.
+    return jnp.take(data, indices, axis=axis, mode="clip")
 
 
 @op("GatherElements", since=(11, 13), context=True)
@@ -70,7 +78,9 @@ def gather_elements(ctx, data, indices, *, axis=0):
         tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))
     ]
     indices = _wrap(xp, indices, data.shape[axis], "GatherElements indices")
-    return xp.take_along_axis(data, indices, axis=axis)
+    if xp is np:
+        return np.take_along_axis(data, indices, axis=axis)
+    return jnp.take_along_axis(data, indices, axis=axis, mode="clip", wrap_negative_indices=False)
 
 
 def _gather_nd(data, indices, batch_dims: int):
@@ -95,7 +105,11 @@ def _gather_nd(data, indices, batch_dims: int):
     rows = xp.broadcast_to(
         xp.reshape(xp.arange(batch, dtype=indices.dtype), (batch, 1)), (batch, count)
     )
-    out = flat_data[(rows, *columns)]
+    index = (rows, *columns)
+    if xp is np:
+        out = flat_data[index]
+    else:
+        out = jnp.asarray(flat_data).at[index].get(mode="clip", wrap_negative_indices=False)
     return xp.reshape(out, (*indices.shape[:-1], *data.shape[b + k :]))
 
 
@@ -130,11 +144,13 @@ def _update(data, index: tuple, updates, reduction: str, reductions: tuple[str, 
         out[index] = updates
         return out
     ref = jnp.asarray(data).at[index]
+    # The indices are wrapped once already (`_wrap`); out-of-range updates are dropped.
+    once = {"mode": "drop", "wrap_negative_indices": False}
     if reduction == "mul":
         # JAX differentiates a scatter-multiply only when told its indices are unique.
-        return ref.multiply(updates, unique_indices=unique)
+        return ref.multiply(updates, unique_indices=unique, **once)
     apply = {"none": ref.set, "add": ref.add, "max": ref.max, "min": ref.min}
-    return apply[reduction](updates)
+    return apply[reduction](updates, **once)
 
 
 def _host_wrapped(indices, sizes):

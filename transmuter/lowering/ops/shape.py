@@ -9,6 +9,7 @@ are numpy object arrays; the ops that only move data handle them with numpy (`ar
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,33 @@ from transmuter.lowering.ops.random import node_key
 from transmuter.lowering.symbolic import dim_max, dim_min, dims_array
 
 _LATEST = (21, 23, 24, 25)  # since-versions that only added element types
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not a POSIX system: int64 alone bounds it
+        return 2**63 - 1
+
+
+# The most bytes one tensor may take: no allocation can pass the machine's memory, and XLA aborts
+# the process (it cannot raise) on a static size past int64, so a shape read from the graph is
+# checked before it is asked for.
+MAX_TENSOR_BYTES = _physical_memory()
+
+
+def check_size(what: str, shape, dtype) -> None:
+    """Refuse a tensor of `shape` x `dtype` larger than int64 can count or memory can hold."""
+    if any(map(is_symbolic_dim, shape)):
+        return  # exporting with symbolic dims: no size to check yet
+    elements = math.prod(int(d) for d in shape)
+    nbytes = elements * np.dtype(dtype).itemsize
+    if elements >= 2**63 or nbytes > MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"{what} would be {[int(d) for d in shape]} {np.dtype(dtype).name}: {elements} "
+            f"elements, {nbytes / 2**30:.4g} GiB, past this machine's "
+            f"{MAX_TENSOR_BYTES / 2**30:.4g} GiB of memory"
+        )
 
 
 def array_module(*values):
@@ -452,6 +480,7 @@ def expand(input, shape):
                 f"Expand: input shape {list(input.shape)} does not broadcast with {target}"
             )
         out.append(a if b == 1 else b)
+    check_size("Expand's output", out, input.dtype)
     return host_module(input).broadcast_to(input, tuple(out))
 
 
@@ -460,6 +489,7 @@ def _tile(input, repeats):
         raise ShapeError(
             f"Tile repeats {repeats} must be {input.ndim} non-negative values (one per input dim)"
         )
+    check_size("Tile's output", [d * r for d, r in zip(input.shape, repeats)], input.dtype)
     # Symbolic repeat counts (exporting with symbolic shapes) give a traced value.
     xp = jnp if any(map(is_symbolic_dim, repeats)) else host_module(input)
     return xp.tile(input, repeats)
@@ -509,6 +539,7 @@ def _pad(data, pads, value, axes, mode: str, modes: tuple[str, ...]):
     width = [(max(b, 0), max(e, 0)) for b, e in width]
     if not any(b or e for b, e in width):
         return data
+    check_size("Pad's output", [n + b + e for n, (b, e) in zip(data.shape, width)], data.dtype)
     xp = array_module(data)
     if mode != "constant":
         if any(data.shape[d] == 0 for d, (b, e) in enumerate(width) if b or e):
@@ -570,6 +601,7 @@ def constant_of_shape(input, *, value=None):
         raise ShapeError(
             f"ConstantOfShape value must be a one-element tensor; got shape {list(fill.shape)}"
         )
+    check_size("ConstantOfShape's output", shape, fill.dtype)
     xp = jnp if any(map(is_symbolic_dim, shape)) else np  # a symbolic shape: a traced value
     return xp.full(shape, fill.reshape(()), dtype=fill.dtype)
 

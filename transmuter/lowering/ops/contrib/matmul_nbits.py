@@ -244,7 +244,10 @@ def gather_block_quantized(
             )
     dim = data.shape[gather_axis]
     indices = jnp.where(indices < 0, indices + dim, indices)
-    values = jnp.take(data, indices, axis=gather_axis).astype(_F32)
+    # One wrap: mode="clip" wraps no negatives again, and out-of-range rows clamp (checkify sees
+    # the index); the scales and zero points are read at the clamped row too.
+    values = jnp.take(data, indices, axis=gather_axis, mode="clip").astype(_F32)
+    indices = jnp.clip(indices, 0, max(dim - 1, 0))
     if gather_axis == quantize_axis:
         # Each gathered slice lies in block index // block_size of the quantized axis.
         block_index = indices // block_size if block_size else jnp.zeros_like(indices)

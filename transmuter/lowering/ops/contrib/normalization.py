@@ -127,7 +127,8 @@ def _lookup(op_type: str, name: str, table, ids, to_float):
         raise ShapeError(f"{op_type}: {name} must be 2-D (rows, hidden), got {list(table.shape)}")
     valid = (ids >= 0) & (ids < table.shape[0])
     # Gathered before converting: a quantized word table is dequantized row by row, not whole.
-    rows = to_float(name, jnp.take(table, jnp.clip(ids, 0, max(table.shape[0] - 1, 0)), axis=0))
+    # mode="clip" wraps no negative id (ORT rejects them) and lets checkify see a bad one.
+    rows = to_float(name, jnp.take(table, ids, axis=0, mode="clip"))
     return jnp.where(valid[..., None], rows, jnp.asarray(np.nan, rows.dtype))
 
 
