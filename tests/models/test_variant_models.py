@@ -151,7 +151,16 @@ def test_native_float16_is_as_accurate_as_onnx_runtime(entry):
             want = want.astype(np.float64)
             ours = float(np.max(np.abs(np.asarray(got[name]).astype(np.float64) - want)))
             ort = float(np.max(np.abs(theirs[description][name].astype(np.float64) - want)))
-            assert ours <= ort, f"{entry['name']} {description} {name}: {ours} > ORT's {ort}"
+            # A float16 output is rounded once at the end: on another CPU the float32 value
+            # before it sums in another order and may round to the neighbouring float16.
+            last_rounding = (
+                float(np.spacing(np.float16(np.abs(want).max())))
+                if np.asarray(got[name]).dtype == np.float16
+                else 0.0
+            )
+            assert ours <= ort + last_rounding, (
+                f"{entry['name']} {description} {name}: {ours} > ORT's {ort}"
+            )
 
 
 def test_bert_in_bfloat16():

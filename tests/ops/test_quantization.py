@@ -13,6 +13,7 @@ from opcheck import (
     assert_close,
     check_node,
     make_node_model,
+    ort_may_saturate,
     ort_run,
     portable_reference,
     transmuter_runs,
@@ -732,6 +733,8 @@ def test_qlinear_matmul_is_bit_exact(scales, rng):
         "y_scale": y_scale,
         "y_zero": np.uint8(128),
     }
+    # Weights in [-16, 15]: ORT's u8 x s8 pair sums cannot saturate on any CPU (opcheck).
+    assert not ort_may_saturate(inputs["a"], inputs["b"])
     held = ("a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero")
     _assert_bit_exact(make_node_model("QLinearMatMul", inputs, constants=held), inputs)
 
@@ -747,5 +750,7 @@ def test_qlinear_conv_per_channel_is_bit_exact(rng):
         "y_scale": np.float32(0.05),
         "y_zero": np.uint8(100),
     }
+    # Weights in [-32, 31]: ORT's u8 x s8 pair sums cannot saturate on any CPU (opcheck).
+    assert not ort_may_saturate(inputs["x"], inputs["w"])
     held = ("x_scale", "x_zero", "w_scale", "w_zero", "y_scale", "y_zero")
     _assert_bit_exact(make_node_model("QLinearConv", inputs, opset=10, constants=held), inputs)
