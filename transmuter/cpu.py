@@ -1,4 +1,4 @@
-"""The host CPU's vector extensions, where numerics depend on them.
+"""The host machine where results depend on it: the CPU's vector extensions, and its memory.
 
 Two correct runtimes can disagree because of the CPU they run on: float sums are added in an
 order that depends on the vector width, and ONNX Runtime's u8 x s8 integer kernels are exact only
@@ -9,6 +9,7 @@ name the extensions so that a machine-dependent difference is visible as one.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -52,3 +53,13 @@ def describe() -> str:
     """One line for logs: the architecture and its vector extensions."""
     vnni = {True: "VNNI", False: "no VNNI", None: "VNNI n/a"}[has_vnni()]
     return f"CPU: {platform.machine()}, {vnni}; {' '.join(vector_extensions()) or 'no SIMD'}"
+
+
+@functools.cache
+def physical_memory() -> int:
+    """This machine's physical memory in bytes: no tensor larger than it can be made (int64's
+    limit where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 2**63 - 1

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from transmuter import dtypes, ir
+from transmuter import cpu, dtypes, ir
 from transmuter.errors import ModelLoadError
 
 
@@ -300,10 +300,10 @@ class _Converter:
             )
         # The dense size comes from the declared dims alone: check it before allocating.
         nbytes = math.prod(shape) * values.dtype.itemsize
-        if nbytes > _memory_bytes():
+        if nbytes > cpu.physical_memory():
             raise ModelLoadError(
                 f"{what} of {values.dtype.name} densifies to {nbytes:,} bytes, more than this "
-                f"machine's memory ({_memory_bytes():,} bytes)"
+                f"machine's memory ({cpu.physical_memory():,} bytes)"
             )
         bounds = (math.prod(shape),) if indices.ndim == 1 else shape
         for axis, bound in enumerate(bounds):
@@ -354,15 +354,6 @@ def _external_int(name: str, info: dict[str, str], key: str, default: int) -> in
             f"tensor {name!r}: external data {key} {info[key]!r} is not a non-negative integer"
         )
     return int(info[key])
-
-
-@functools.cache
-def _memory_bytes() -> int:
-    """This machine's physical memory: a tensor larger than it cannot be made."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 1 << 40
 
 
 def _value_type(tp: onnx.TypeProto, owner: str = "") -> ir.ValueType | None:

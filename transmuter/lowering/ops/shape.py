@@ -9,14 +9,13 @@ are numpy object arrays; the ops that only move data handle them with numpy (`ar
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.export import is_symbolic_dim
 
-from transmuter import dtypes
+from transmuter import cpu, dtypes
 from transmuter.errors import ShapeError, UnsupportedOpError
 from transmuter.lowering import op
 from transmuter.lowering.ops.random import node_key
@@ -25,17 +24,10 @@ from transmuter.lowering.symbolic import dim_max, dim_min, dims_array
 _LATEST = (21, 23, 24, 25)  # since-versions that only added element types
 
 
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):  # not a POSIX system: int64 alone bounds it
-        return 2**63 - 1
-
-
 # The most bytes one tensor may take: no allocation can pass the machine's memory, and XLA aborts
 # the process (it cannot raise) on a static size past int64, so a shape read from the graph is
 # checked before it is asked for.
-MAX_TENSOR_BYTES = _physical_memory()
+MAX_TENSOR_BYTES = cpu.physical_memory()
 
 
 def check_size(what: str, shape, dtype) -> None:
