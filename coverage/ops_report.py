@@ -6,8 +6,9 @@
 writes coverage/ops.md and coverage/ops.json. Per (domain, op): the since-versions registered in
 `transmuter.lowering`, the schema versions onnx has that are not registered, the conformance cases
 passed / failed / xfailed (strict expected failures, tests/conformance/expected_failures.py), the
-inputs the op needs on the host (`OpDef.host_inputs`) and whether its output shapes depend on data
-(`OpDef.data_dependent`). Then the ai.onnx operators of the installed onnx with no lowering, and the
+inputs the op needs on the host (`OpDef.host_inputs`), whether its output shapes depend on data
+(`OpDef.data_dependent`) and when it asks for host values while tracing (`OpDef.may_need_host`,
+`OpDef.strings_on_host`): all read from the registrations, as the runtime reads them. Then the ai.onnx operators of the installed onnx with no lowering, and the
 cases whose operator is in another domain (ai.onnx.ml, training) with no lowering.
 
 Results come from pytest's JUnit XML for tests/conformance/test_backend_node.py: the run this
@@ -145,6 +146,14 @@ def host_needs(defs) -> dict[str, str]:
     return {index: "; ".join(texts) for index, texts in needs.items()}
 
 
+def asks_host(defs) -> str:
+    """When the op asks for host values while tracing (a possible break), per its registration."""
+    reasons = {d.may_need_host for d in defs if d.may_need_host}
+    if any(d.strings_on_host for d in defs):
+        reasons.add("given strings")
+    return "; ".join(sorted(reasons))
+
+
 def build(results: dict[str, dict], source: str) -> dict:
     owners = case_ops()
     schemas = schema_versions()
@@ -189,6 +198,7 @@ def build(results: dict[str, dict], source: str) -> dict:
                 "onnx_versions_not_registered": sorted(schema["versions"] - set(since)),
                 "host_inputs": host_needs(defs),
                 "data_dependent": any(d.data_dependent for d in defs),
+                "asks_host": asks_host(defs),
                 "random": any(d.random for d in defs),
                 **tallies[key],
             }
@@ -253,7 +263,8 @@ def markdown(report: dict) -> str:
         "model at such an opset uses the highest registered version below it; versions below the "
         "first registered one are unsupported). *Host inputs*: input index: what the op needs as a "
         "concrete value (a graph break when it is computed on the device). *Data-dep.*: output "
-        "shapes depend on input values. ONNX's node suite has no cases for the com.microsoft "
+        "shapes depend on input values. *Asks at trace*: when the op may ask for a host value while "
+        "tracing (a possible break). ONNX's node suite has no cases for the com.microsoft "
         "operators (and few for ai.onnx.ml): those are tested by single-node tests against ONNX "
         "Runtime in `tests/ops/` (`test_contrib_*.py`, `test_ml.py`), and the com.microsoft ones "
         "also by the ORT-made variant models in `tests/fixtures/variants/`.",
@@ -261,8 +272,8 @@ def markdown(report: dict) -> str:
         "## Implemented operators",
         "",
         "| Domain | Op | Family | Since-versions | Not registered | Cases | Expanded | Host inputs "
-        "| Data-dep. |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Data-dep. | Asks at trace |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for op in report["ops"]:
         hosts = "; ".join(f"{i}: {r}" for i, r in op["host_inputs"].items())
@@ -271,7 +282,8 @@ def markdown(report: dict) -> str:
             f"| {', '.join(map(str, op['since_versions']))} "
             f"| {', '.join(map(str, op['onnx_versions_not_registered']))} "
             f"| {_counts(op['cases'])} | {_counts(op['expanded_cases'], '')} "
-            f"| {_cell(hosts)} | {'yes' if op['data_dependent'] else ''} |"
+            f"| {_cell(hosts)} | {'yes' if op['data_dependent'] else ''} "
+            f"| {_cell(op['asks_host'])} |"
         )
     missing = report["ai_onnx_without_lowering"]
     lines += [

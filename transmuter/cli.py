@@ -157,7 +157,7 @@ def _spec(value_type, owner: str = "") -> str:
 
 def info(args) -> int:
     from transmuter.frontend import load_model
-    from transmuter.runtime.analysis import graph_breaks, unsupported_ops
+    from transmuter.runtime.analysis import unsupported_ops
 
     _progress(f"reading {args.model}")
     source = _local_source(args)
@@ -189,7 +189,7 @@ def info(args) -> int:
     if missing:
         print("graph breaks: unknown until every operator is supported")
         return 1
-    breaks = graph_breaks(transmuter.Model(model_ir, source=str(args.model)))
+    breaks = transmuter.Model(model_ir, source=str(args.model)).graph_breaks()
     print("graph breaks: " + ("none (one compiled program per shape)" if not breaks else ""))
     for found in breaks:
         print(f"  {found}")

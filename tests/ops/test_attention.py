@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from transmuter.errors import TransmuterError
 
 ATTENTION_INPUTS = ["Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from transmuter.errors import TransmuterError
 
 MS = "com.microsoft"

@@ -6,9 +6,9 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from scipy.special import erf
 
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from transmuter.errors import TransmuterError
 
 MS = "com.microsoft"

@@ -6,8 +6,8 @@ SimplifiedLayerNormalization-1 and LayerNormalization-1, against ONNX Runtime's 
 import ml_dtypes
 import numpy as np
 import pytest
+from opcheck import assert_close, check_node, make_node_model, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, transmuter_runs
 from transmuter.errors import TransmuterError
 from transmuter.lowering import lookup
 from transmuter.lowering.ops.contrib.normalization import layer_normalization_v1

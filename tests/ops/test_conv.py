@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from tests.opcheck import check_node
+from opcheck import check_node
 
 TOL = {np.float32: (1e-4, 1e-4), np.float64: (1e-10, 1e-10), np.float16: (1e-2, 1e-2)}
 
@@ -81,7 +80,7 @@ def test_conv_bfloat16_against_float32(rng):
 
     x, w = _data(rng, (1, 2, 5, 5)), _data(rng, (3, 2, 3, 3))
     expected = check_node("Conv", {"X": x, "W": w}, opset=22, rtol=1e-4, atol=1e-4)[0]
-    from tests.opcheck import make_node_model, transmuter_runs
+    from opcheck import make_node_model, transmuter_runs
 
     inputs = {"X": x.astype(ml_dtypes.bfloat16), "W": w.astype(ml_dtypes.bfloat16)}
     model = make_node_model("Conv", inputs, opset=22)
@@ -172,7 +171,7 @@ def test_conv_rejects_mismatched_kernel_shape(rng):
 
     inputs = {"X": _data(rng, (1, 2, 5, 5)), "W": _data(rng, (3, 2, 3, 3))}
     with pytest.raises(TransmuterError, match="kernel_shape"):
-        from tests.opcheck import make_node_model, transmuter_runs
+        from opcheck import make_node_model, transmuter_runs
 
         transmuter_runs(make_node_model("Conv", inputs, {"kernel_shape": [2, 2]}), inputs)
 
@@ -240,7 +239,7 @@ def test_causal_conv_with_state_special_inputs(rng):
 
 
 def test_causal_conv_with_state_zero_channels(rng):
-    from tests.opcheck import make_node_model, transmuter_runs
+    from opcheck import make_node_model, transmuter_runs
 
     # onnx.reference divides by the channel count here.
     inputs = _causal(rng, 2, 0, 5, 3, bias=True, past=False)
@@ -251,7 +250,7 @@ def test_causal_conv_with_state_zero_channels(rng):
 
 def test_causal_conv_with_state_streams(rng):
     """Chunks fed one after another with the carried state equal one pass over the whole."""
-    from tests.opcheck import make_node_model, transmuter_runs
+    from opcheck import make_node_model, transmuter_runs
 
     whole = _causal(rng, 2, 3, 9, 4, bias=True, past=True)
     model = make_node_model(
@@ -284,7 +283,8 @@ def test_causal_conv_with_state_streams(rng):
     ],
 )
 def test_causal_conv_with_state_rejects_bad_inputs(rng, change, match):
-    from tests.opcheck import make_node_model, transmuter_runs
+    from opcheck import make_node_model, transmuter_runs
+
     from transmuter.errors import TransmuterError
 
     inputs = _causal(rng, 2, 3, 5, 4, bias=True, past=True)

@@ -7,14 +7,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-
-from tests.opcheck import (
+from opcheck import (
     assert_close,
     check_node,
     make_node_model,
     ort_run,
     transmuter_runs,
 )
+
 from transmuter.errors import NodeError
 from transmuter.lowering.ops.detection import deform_conv, roi_align_v16
 

@@ -4,8 +4,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from opcheck import assert_close, check_node, make_node_model, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, transmuter_runs
 from transmuter import dtypes
 from transmuter.errors import TransmuterError
 

@@ -3,8 +3,7 @@ ONNX Runtime lacks a case)."""
 
 import numpy as np
 import pytest
-
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 
 RESIZE_INPUTS = ["X", "roi", "scales", "sizes"]
 COORDINATES = [

@@ -3,8 +3,8 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from transmuter.errors import TransmuterError
 
 FLOATS = [np.float16, np.float32, np.float64]

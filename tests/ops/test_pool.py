@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
+from opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, ort_run, transmuter_runs
 from transmuter.errors import TransmuterError
 
 GEOMETRIES = [
@@ -259,7 +259,7 @@ def test_lp_pool_v1_float_p(rng):
 
 def _pooled(rng, shape, attrs):
     """MaxPool's outputs as MaxUnpool inputs."""
-    from tests.opcheck import make_node_model, ort_run
+    from opcheck import make_node_model, ort_run
 
     x = {"X": _data(rng, shape)}
     return ort_run(make_node_model("MaxPool", x, attrs, outputs=["Y", "I"]), x)

@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from opcheck import make_node_model
 
 import transmuter
-from tests.opcheck import make_node_model
 from transmuter.errors import TransmuterError, UnsupportedOpError
 
 N = 100_000

@@ -4,8 +4,8 @@ ONNX Runtime (or onnx.reference where ORT has no kernel)."""
 import ml_dtypes
 import numpy as np
 import pytest
+from opcheck import assert_close, check_node, make_node_model, transmuter_runs
 
-from tests.opcheck import assert_close, check_node, make_node_model, transmuter_runs
 from transmuter.errors import TransmuterError
 
 TOL = {

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
+from opcheck import assert_close, ort_run, transmuter_runs
 
 import transmuter
-from tests.opcheck import assert_close, ort_run, transmuter_runs
 
 F32 = np.float32
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-from tests.opcheck import (
+from opcheck import (
     assert_close,
     check_node,
     make_node_model,
     reference_run,
     transmuter_runs,
 )
+
 from transmuter.errors import TransmuterError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

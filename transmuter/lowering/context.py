@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from transmuter import ir
+from transmuter.errors import HostValueNeeded
 
 
 @dataclass
@@ -17,7 +18,8 @@ class OpContext:
     scope visible and returns its outputs in order. next_key() returns a fresh PRNG key for
     random ops. recompute(names, feeds) evaluates the named values of the graph this node is in
     again, from `feeds` (name -> value) in place of those values, by the nodes between them
-    (what Gradient differentiates).
+    (what Gradient differentiates). asks_host: the op's registration lets it ask for host
+    values while tracing (`need_host`).
     """
 
     node: ir.Node
@@ -25,6 +27,19 @@ class OpContext:
     run_graph: Callable[[ir.Graph, Sequence[Any]], list[Any]]
     next_key: Callable[[], Any]
     recompute: Callable[[Sequence[str], Mapping[str, Any]], list[Any]]
+    asks_host: bool = False
+
+    def need_host(self, index: int, reason: str) -> NoReturn:
+        """Ask for input `index` as a concrete value: the compiling runtime breaks the graph
+        here and runs the node with that input on the host. Only an op registered with
+        `may_need_host` or `strings_on_host` may ask, so that graph analysis knows every node
+        that can."""
+        if not self.asks_host:
+            raise TypeError(
+                f"{self.node.op_type} asks for a host value but its registration declares no "
+                "may_need_host or strings_on_host"
+            )
+        raise HostValueNeeded(self.node.label, self.node.op_type, self.node.inputs[index], reason)
 
     @property
     def num_outputs(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from transmuter.errors import UnsupportedOpError
@@ -32,6 +32,19 @@ class OpDef:
     host_outputs: the op builds host-only values (maps) from data it needs on the host: the
     compiling runtime runs it after the segment before it, which compiles whatever its length
     (the node is a graph's tail that XLA cannot hold, not a break that decides shapes).
+    may_need_host: why the op may ask for a host value while tracing (`OpContext.need_host`)
+    when only some values need one (an If whose branches differ). The runtime treats such a
+    request like a declared host input; analysis reports the node as a possible break.
+    strings_on_host: the op reads or makes strings, which live on the host, so given strings
+    and a traced numeric input (Where's condition, Gather's indices, a Cast to strings) it asks
+    for that input on the host (`OpContext.need_host`); analysis reports it as a possible break
+    where the node's declared types include strings.
+    reads_shape: the result depends on its input's shape alone (Shape, Size), so it is a host
+    value whatever the input.
+    symbolic: how the op treats host values holding `jax.export` symbolic dims (exporting with
+    symbolic shapes): True when its own function moves them with numpy (Gather, Concat), a
+    function when that function computes on them in its place (Add on dims); otherwise they
+    reach it as int64 device values.
     """
 
     domain: str
@@ -44,10 +57,31 @@ class OpDef:
     random: bool
     differentiable: bool
     host_outputs: bool = False
+    may_need_host: str | None = None
+    strings_on_host: bool = False
+    reads_shape: bool = False
+    symbolic: bool | Callable = False
 
     @property
     def name(self) -> str:
         return f"{self.domain or 'ai.onnx'}::{self.op_type}-{self.since}"
+
+    def host_input_indices(self, inputs: Sequence[str]) -> list[int]:
+        """The positions of a node's present inputs (names, "" for absent) that it reads on the
+        host: every input of a data-dependent op, else the declared ones."""
+        needed = range(len(inputs)) if self.data_dependent else self.host_inputs
+        return [i for i in needed if i < len(inputs) and inputs[i]]
+
+    @property
+    def asks_host(self) -> bool:
+        """Whether the op may ask for a host value while tracing (`OpContext.need_host`)."""
+        return self.may_need_host is not None or self.strings_on_host
+
+    def host_reason(self, index: int) -> str:
+        """Why input `index` is needed on the host."""
+        if index in self.host_inputs:
+            return self.host_inputs[index]
+        return "its input values, which decide its output shape"
 
 
 _REGISTRY: dict[tuple[str, str], dict[int, OpDef]] = {}
@@ -64,12 +98,20 @@ def op(
     random: bool = False,
     differentiable: bool = True,
     host_outputs: bool = False,
+    may_need_host: str | None = None,
+    strings_on_host: bool = False,
+    reads_shape: bool = False,
+    symbolic: bool | Callable = False,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of `op_type` for each since-version in `since`.
 
     host_inputs maps parameter names of `fn` to the reason the value must be concrete, e.g.
-    `host_inputs={"shape": "the target shape"}`.
+    `host_inputs={"shape": "the target shape"}`. The other options are `OpDef`'s fields.
     """
+    if (may_need_host is not None or strings_on_host) and not context:
+        raise ValueError(
+            f"{op_type}: an op asks for host values through its context (context=True)"
+        )
     versions = (since,) if isinstance(since, int) else tuple(since)
     domain = "" if domain == "ai.onnx" else domain
 
@@ -90,6 +132,10 @@ def op(
                 random,
                 differentiable,
                 host_outputs,
+                may_need_host,
+                strings_on_host,
+                reads_shape,
+                symbolic,
             )
         return fn
 

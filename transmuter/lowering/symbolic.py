@@ -1,10 +1,11 @@
 """Shape values holding `jax.export` symbolic dims, for exporting with symbolic shapes.
 
 Shape returns the dims of its input as a host vector; exporting, some dims are symbolic, and the
-vector is a numpy object array holding them (`dims_array`). The data-movement operators in
-SYMBOLIC_MOVES handle such arrays with numpy on the host, SYMBOLIC_ARITHMETIC computes on the
-dims with Python's operators, and any other operator receives them as int64 device values
-(`dims_to_device`); the interpreter routes nodes accordingly.
+vector is a numpy object array holding them (`dims_array`). The data-movement operators
+(registered with `symbolic=True`: Gather, Concat, Reshape, ...) handle such arrays with numpy on
+the host, the arithmetic ones (`symbolic=` one of the functions below) compute on the dims with
+Python's operators, and any other operator receives them as int64 device values
+(`dims_to_device`); the interpreter routes nodes by their registration.
 """
 
 from __future__ import annotations
@@ -106,22 +107,13 @@ def dim_max(a, b):
     return jax.core.max_dim(a, b)
 
 
-# Exporting with symbolic shapes (jax.export), shape values hold symbolic dims (object arrays,
-# see `dims_array`). These operators keep such values on the host, so Shape -> Gather -> Concat
-# -> Reshape stays symbolic: the data-movement operators handle object arrays with numpy (as they
-# do strings), and SYMBOLIC_ARITHMETIC computes on the dims with Python's operators. Any other
-# operator receives them as int64 device values.
-SYMBOLIC_MOVES = frozenset(
-    {
-        "Concat", "ConstantOfShape", "Equal", "Expand", "Flatten", "Gather", "Identity", "Range",
-        "Reshape", "Shape", "Size", "Slice", "Squeeze", "Tile", "Transpose", "Unsqueeze",
-        "Where",
-    }
-)  # fmt: skip
+# The operators registered with `symbolic=` compute on symbolic dims with these in place of their
+# lowering (Add with np.add, ...); those registered with symbolic=True move them with numpy.
 
 
-def _symbolic_cast(input, *, to, **_):
-    # Dims are exact integers: an integer cast keeps them symbolic; any other type needs values.
+def cast_dims(input, *, to, **_):
+    """Cast on dims: dims are exact integers, so an integer cast keeps them symbolic; any other
+    type needs their values."""
     if np.issubdtype(dtypes.from_onnx(to), np.integer):
         return input
     return dims_to_device(input).astype(dtypes.from_onnx(to))
@@ -134,17 +126,12 @@ def _dim_divide(a, b):
     return abs(int(a)) // abs(int(b)) * (1 if (a < 0) == (b < 0) else -1)
 
 
-def _symbolic_variadic(combine):
+divide_dims = np.frompyfunc(_dim_divide, 2, 1)
+
+
+def _variadic(combine):
     return lambda *xs: functools.reduce(np.frompyfunc(combine, 2, 1), xs)
 
 
-SYMBOLIC_ARITHMETIC = {
-    "Add": np.add,
-    "Sub": np.subtract,
-    "Mul": np.multiply,
-    "Div": np.frompyfunc(_dim_divide, 2, 1),
-    "Neg": np.negative,
-    "Max": _symbolic_variadic(dim_max),
-    "Min": _symbolic_variadic(dim_min),
-    "Cast": _symbolic_cast,
-}
+min_dims = _variadic(dim_min)
+max_dims = _variadic(dim_max)

@@ -2,29 +2,22 @@
 
 The interpreter keeps host values (constants, shapes and what is computed from them alone)
 apart from data. A node breaks the compiled graph when an input it needs on the host is data,
-or when its output shape depends on the values of data (NonZero, NonMaxSuppression). If, Loop
-and a few others decide at trace time: they break only when the data they read changes a shape
-(If branches of different shapes, a Loop trip count read from data), so they are listed as
-possible breaks.
+or when its output shape depends on the values of data (NonZero, NonMaxSuppression). Ops
+registered with `may_need_host` (If, Loop, RoiAlign) decide at trace time: they break only when
+the data they read changes a shape, so they are listed as possible breaks; so are ops on
+strings (`strings_on_host`) given strings and data. Every fact about an op used here is its
+registration (`OpDef`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transmuter import ir
+import numpy as np
+
+from transmuter import dtypes, ir
 from transmuter.errors import UnsupportedOpError
 from transmuter.lowering import lookup
-
-# Operators whose result is host-known whatever their input: they read only its shape.
-SHAPE_READERS = {("", "Shape"), ("", "Size")}
-# Operators that raise HostValueNeeded themselves when data decides a shape.
-DECIDES_AT_TRACE = {
-    ("", "If"): "its branches may give different shapes",
-    ("", "Loop"): "a trip count or condition read from data decides the output length",
-    ("", "RoiAlign"): "sampling_ratio 0 sizes the sampling grid from the boxes",
-}
-# Not listed: ai.onnx.ml ops mapping traced numbers to strings (strings live on the host).
 
 
 @dataclass(frozen=True)
@@ -48,32 +41,52 @@ def graph_breaks(model, static_inputs: frozenset[str] = frozenset()) -> list[Bre
     `model` is a `transmuter.Model`: its host constants are host values; params, large
     constants and inputs are data."""
     host = set(model.host_constants) | set(static_inputs)
+    strings = _declared_strings(model.ir.graph)
     found: list[Break] = []
     for step in model.plan.steps:
         node, opdef = step.node, step.opdef
-        data_inputs = [n for n in node.inputs if n and n not in host]
-        key = (node.domain, node.op_type)
-        if key in SHAPE_READERS:
+        data_inputs = [n for n in node.inputs if n and n not in host and n not in strings]
+        if _makes_strings(node, opdef, strings):
+            strings.update(o for o in node.outputs if o)
+        if opdef.reads_shape:
             host.update(o for o in node.outputs if o)
             continue
-        needs = range(len(node.inputs)) if opdef.data_dependent else opdef.host_inputs
-        blocking = [node.inputs[i] for i in needs if i < len(node.inputs) and node.inputs[i]]
-        blocking = [n for n in blocking if n not in host]
+        blocking = [i for i in opdef.host_input_indices(node.inputs) if node.inputs[i] not in host]
         outer = [n for sub in ir.subgraphs(node) for n in sub.outer_names if n not in host]
         if blocking:
-            reason = (
-                "its output shape depends on it"
-                if opdef.data_dependent
-                else opdef.host_inputs.get(node.inputs.index(blocking[0]), "")
-            )
-            found.append(Break(node.label, node.op_type, blocking[0], reason, True))
+            index = blocking[0]
+            reason = opdef.host_reason(index)
+            found.append(Break(node.label, node.op_type, node.inputs[index], reason, True))
             host.update(o for o in node.outputs if o)  # the break runs it on the host
-        elif key in DECIDES_AT_TRACE and (data_inputs or outer):
+        elif opdef.may_need_host and (data_inputs or outer):
             name = (data_inputs or outer)[0]
-            found.append(Break(node.label, node.op_type, name, DECIDES_AT_TRACE[key], False))
+            found.append(Break(node.label, node.op_type, name, opdef.may_need_host, False))
+        elif opdef.strings_on_host and data_inputs and strings.intersection(node.outputs):
+            reason = "strings live on the host, so the data it reads is needed there"
+            found.append(Break(node.label, node.op_type, data_inputs[0], reason, False))
         elif not data_inputs and not outer and not opdef.random:
             host.update(o for o in node.outputs if o)
     return found
+
+
+def _declared_strings(graph: ir.Graph) -> set[str]:
+    """The names the file declares as string tensors (inputs, outputs, value_info, initializers)."""
+    infos = [*graph.inputs, *graph.outputs, *graph.value_info.values()]
+    found = {v.name for v in infos if _is_string(v.type)}
+    found.update(n for n, a in graph.initializers.items() if a.dtype == object)
+    return found
+
+
+def _is_string(value_type) -> bool:
+    return isinstance(value_type, ir.TensorType) and value_type.dtype == object
+
+
+def _makes_strings(node: ir.Node, opdef, strings: set[str]) -> bool:
+    """Whether the node's outputs are strings: a Cast to strings, or an op on strings (a Gather
+    from a string table) reading some. ml ops that make strings declare their outputs' types."""
+    if node.op_type == "Cast" and not node.domain:
+        return node.attrs.get("to") == dtypes.to_onnx(np.dtype(object))
+    return opdef.strings_on_host and any(n in strings for n in node.inputs)
 
 
 def unsupported_ops(model_ir: ir.Model) -> list[str]:

@@ -21,13 +21,7 @@ from jax.export import is_symbolic_dim
 from transmuter import ir
 from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import OpContext, OpDef, lookup
-from transmuter.lowering.symbolic import (
-    SYMBOLIC_ARITHMETIC,
-    SYMBOLIC_MOVES,
-    dims_to_device,
-    is_symbolic,
-    settle_dims,
-)
+from transmuter.lowering.symbolic import dims_to_device, is_symbolic, settle_dims
 
 
 @dataclass
@@ -182,15 +176,11 @@ class Interpreter:
                     f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value"
                 )
             args.append(env[name] if name else None)
-        needs_host = range(len(args)) if opdef.data_dependent else opdef.host_inputs
-        for index in needs_host:
-            if index < len(args) and args[index] is not None:
-                if _is_traced(args[index]):
-                    reason = opdef.host_inputs.get(
-                        index, "its input values, which decide its output shape"
-                    )
-                    raise HostValueNeeded(node.label, node.op_type, node.inputs[index], reason)
-                args[index] = to_host(args[index])
+        for index in opdef.host_input_indices(node.inputs):
+            if _is_traced(args[index]):
+                reason = opdef.host_reason(index)
+                raise HostValueNeeded(node.label, node.op_type, node.inputs[index], reason)
+            args[index] = to_host(args[index])
         if opdef.context:
             ctx = OpContext(
                 node,
@@ -198,6 +188,7 @@ class Interpreter:
                 lambda g, xs: self.run_graph(g, xs, env),
                 self.next_key,
                 lambda names, feeds: self.recompute(step, names, feeds, env),
+                opdef.asks_host,
             )
             args.insert(0, ctx)
         values = [a for a in args if not isinstance(a, OpContext)]
@@ -228,20 +219,14 @@ class Interpreter:
 
 def _with_symbolic_dims(step: Step, args: list, on_host: bool) -> tuple:
     """Run a node that reads host values holding `jax.export` symbolic dims (exporting with
-    symbolic shapes). Shape arithmetic stays on the host, symbolically, where the operator
-    supports it (SYMBOLIC_ARITHMETIC and SYMBOLIC_MOVES in lowering/symbolic.py); elsewhere the
-    dims become int64 values in the trace, and an operator that needs them on the host breaks."""
+    symbolic shapes). Shape arithmetic stays on the host, symbolically, where the operator's
+    registration says how (`OpDef.symbolic`); elsewhere the dims become int64 values in the
+    trace, and an operator that needs them on the host breaks."""
     node, opdef = step.node, step.opdef
-    standard = not opdef.domain
-    if on_host and standard and opdef.op_type in SYMBOLIC_ARITHMETIC:
+    if on_host and callable(opdef.symbolic):
         values = [a for a in args if not isinstance(a, OpContext)]
-        return tuple(
-            map(
-                settle_dims,
-                _outputs(SYMBOLIC_ARITHMETIC[opdef.op_type](*values, **node.attrs), True),
-            )
-        )
-    moves = standard and opdef.op_type in SYMBOLIC_MOVES
+        return tuple(map(settle_dims, _outputs(opdef.symbolic(*values, **node.attrs), True)))
+    moves = opdef.symbolic is True
     args = list(args)
     for index, name in enumerate(node.inputs):
         value = args[index + opdef.context]

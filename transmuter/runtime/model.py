@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from transmuter import dtypes, ir
 from transmuter.errors import InputError
+from transmuter.runtime.analysis import Break, graph_breaks
 from transmuter.runtime.execute import x64_scope
 from transmuter.runtime.interpreter import Plan
 
@@ -74,6 +75,11 @@ class Model:
     def opsets(self) -> dict[str, int]:
         return dict(self.ir.opsets)
 
+    def graph_breaks(self, static_inputs: Iterable[str] = ()) -> list[Break]:
+        """Where `transmuter.compile` splits the main graph (or may), found from the operators'
+        registrations without running it, with the inputs other than `static_inputs` as data."""
+        return graph_breaks(self, frozenset(static_inputs))
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
         outs = ", ".join(f"{n}: {self.output_specs[n]}" for n in self.outputs)
@@ -118,9 +124,8 @@ def _host_reads(plan: Plan) -> set[str]:
     a data-dependent op); a name a subgraph defines itself is its own value, not the outer one."""
     found: set[str] = set()
     for step in plan.steps:
-        node, opdef = step.node, step.opdef
-        needs = range(len(node.inputs)) if opdef.data_dependent else opdef.host_inputs
-        found.update(node.inputs[i] for i in needs if i < len(node.inputs) and node.inputs[i])
+        node = step.node
+        found.update(node.inputs[i] for i in step.opdef.host_input_indices(node.inputs))
         for sub in ir.subgraphs(node):
             local = {v.name for v in sub.inputs} | set(sub.initializers)
             local.update(name for inner in sub.nodes for name in inner.outputs)

@@ -54,7 +54,7 @@ def _stack(values: Sequence[Any]) -> Any:
     return jnp.stack([jnp.asarray(v) for v in values])
 
 
-@op("If", since=_ALL_VERSIONS, context=True)
+@op("If", since=_ALL_VERSIONS, context=True, may_need_host="its branches may give different shapes")
 def if_(ctx, cond, *, else_branch, then_branch):
     """ONNX If-1..25: the outputs of then_branch or else_branch."""
     known = _concrete(cond)
@@ -67,7 +67,7 @@ def if_(ctx, cond, *, else_branch, then_branch):
     else_types = _branch_types(ctx, "else_branch", else_fn)
     # lax.cond needs both branches to give the same types; only the host can pick otherwise.
     if _signature(then_types) != _signature(else_types):
-        raise HostValueNeeded(ctx.node.label, "If", ctx.node.inputs[0], "the If condition")
+        ctx.need_host(0, "the If condition")
     if np.size(cond) != 1:
         raise ShapeError(f"If cond must hold one boolean, got shape {list(np.shape(cond))}")
     return jax.lax.cond(jnp.reshape(cond, ()), then_fn, else_fn)
@@ -85,7 +85,7 @@ def _branch_types(ctx, which: str, branch_fn) -> Any:
     except Exception as exc:
         cause = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         why = f"the If condition ({which} cannot be traced for these shapes: {cause})"
-        raise HostValueNeeded(ctx.node.label, "If", ctx.node.inputs[0], why) from exc
+        ctx.need_host(0, why)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,12 @@ def _probe(ctx, body, carried: Sequence[Any]) -> _LoopBody | None:
     return _LoopBody(stable, always_true, scans)
 
 
-@op("Loop", since=_ALL_VERSIONS, context=True)
+@op(
+    "Loop",
+    since=_ALL_VERSIONS,
+    context=True,
+    may_need_host="a trip count or condition read from data decides the output length",
+)
 def loop(ctx, max_trip_count=None, cond=None, *v_initial, body):
     """ONNX Loop-1..25: run body while i < max_trip_count and cond; carried values and stacked
     scan outputs."""
@@ -155,13 +160,10 @@ def loop(ctx, max_trip_count=None, cond=None, *v_initial, body):
         if result is not None:
             return result
 
-    if trip_traced:
-        name, reason = ctx.node.inputs[0], "the Loop trip count"
-    else:
-        name, reason = ctx.node.inputs[1], "the Loop condition"
+    reason = "the Loop trip count" if trip_traced else "the Loop condition"
     if k or probe is None or not probe.stable:
         # Stacked scan outputs and changing shapes need the number of iterations on the host.
-        raise HostValueNeeded(ctx.node.label, "Loop", name, reason)
+        ctx.need_host(0 if trip_traced else 1, reason)
     return _while_loop(ctx, body, max_trip_count, cond, v_initial)
 
 

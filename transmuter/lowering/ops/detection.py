@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from transmuter.errors import HostValueNeeded, ShapeError
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.conv import accumulator, spatial_attrs
+
+_ROI_SIZES = "the RoI sizes (with sampling_ratio=0 they decide how many points each bin samples)"
 
 
 def _compute_dtype(dtype) -> np.dtype:
@@ -202,12 +204,7 @@ def _roi_align(
         # RoI values. Under a trace, ask the runtime to break the graph here and re-run with
         # concrete RoIs.
         if isinstance(rois, jax.core.Tracer):
-            raise HostValueNeeded(
-                ctx.node.label,
-                "RoiAlign",
-                ctx.node.inputs[1],
-                "the RoI sizes (with sampling_ratio=0 they decide how many points each bin samples)",
-            )
+            ctx.need_host(1, _ROI_SIZES)
         _, bins = geometry(np.asarray(rois), np)
         grids = tuple(np.ceil(b).astype(np.int64) for b in bins)
     else:
@@ -260,7 +257,7 @@ def _roi_align(
     return y.astype(x.dtype)
 
 
-@op("RoiAlign", since=10, context=True)
+@op("RoiAlign", since=10, context=True, may_need_host=_ROI_SIZES)
 def roi_align_v10(
     ctx,
     X,
@@ -288,7 +285,7 @@ def roi_align_v10(
     )
 
 
-@op("RoiAlign", since=(16, 22), context=True)
+@op("RoiAlign", since=(16, 22), context=True, may_need_host=_ROI_SIZES)
 def roi_align_v16(
     ctx,
     X,

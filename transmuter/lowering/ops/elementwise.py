@@ -21,9 +21,10 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
-from transmuter.errors import HostValueNeeded, ShapeError
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.shape import array_module, on_host
+from transmuter.lowering.symbolic import cast_dims, divide_dims, max_dims, min_dims
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -94,7 +95,6 @@ def _erf(x):
 
 _UNARY = (
     ("Abs", (1, 6, 13), _numpy_on_host(jnp.abs, np.abs)),
-    ("Neg", (1, 6, 13), _numpy_on_host(jnp.negative, np.negative)),
     ("Exp", (1, 6, 13), jnp.exp),
     ("Log", (1, 6, 13), jnp.log),
     ("Sqrt", (1, 6, 13), jnp.sqrt),
@@ -154,6 +154,10 @@ for _name, _since, _fn in _UNARY:
         op(_name, since=1)(_unary(_name, _fn, legacy=True))
         _versions = _versions[1:]
     op(_name, since=_versions)(_unary(_name, _fn, legacy=False))
+
+_negative = _numpy_on_host(jnp.negative, np.negative)
+op("Neg", since=1)(_unary("Neg", _negative, legacy=True))
+op("Neg", since=(6, 13), symbolic=np.negative)(_unary("Neg", _negative, legacy=False))
 
 
 @op("IsInf", since=(10, 20))
@@ -231,26 +235,29 @@ def _legacy_binary(name: str, fn, since: int, consumed_inputs: bool):
     return lowering
 
 
-for _name, _fn in (
-    ("Add", _numpy_on_host(jnp.add, np.add)),
-    ("Sub", _numpy_on_host(jnp.subtract, np.subtract)),
-    ("Mul", _numpy_on_host(jnp.multiply, np.multiply)),
-    ("Div", _divide),
+# The last column computes on `jax.export` symbolic dims (lowering/symbolic.py).
+for _name, _fn, _on_dims in (
+    ("Add", _numpy_on_host(jnp.add, np.add), np.add),
+    ("Sub", _numpy_on_host(jnp.subtract, np.subtract), np.subtract),
+    ("Mul", _numpy_on_host(jnp.multiply, np.multiply), np.multiply),
+    ("Div", _divide, divide_dims),
 ):
     op(_name, since=1)(_legacy_binary(_name, _fn, 1, consumed_inputs=True))
     op(_name, since=6)(_legacy_binary(_name, _fn, 6, consumed_inputs=False))
-    op(_name, since=(7, 13, 14))(_binary(_name, _fn))
+    op(_name, since=(7, 13, 14), symbolic=_on_dims)(_binary(_name, _fn))
 
 for _name, _since, _fn in (
     ("And", (7,), _numpy_on_host(jnp.logical_and, np.logical_and)),
     ("Or", (7,), _numpy_on_host(jnp.logical_or, np.logical_or)),
     ("Xor", (7,), _numpy_on_host(jnp.logical_xor, np.logical_xor)),
-    ("Equal", (7, 11, 13, 19), _equal),
     ("Less", (7, 9, 13), _numpy_on_host(jnp.less, np.less)),
     ("Greater", (7, 9, 13), _numpy_on_host(jnp.greater, np.greater)),
 ):
     op(_name, since=1)(_legacy_binary(_name, _fn, 1, consumed_inputs=False))
     op(_name, since=_since)(_binary(_name, _fn))
+
+op("Equal", since=1)(_legacy_binary("Equal", _equal, 1, consumed_inputs=False))
+op("Equal", since=(7, 11, 13, 19), symbolic=True)(_binary("Equal", _equal))
 
 for _name, _since, _fn in (
     ("LessOrEqual", (12, 16), _numpy_on_host(jnp.less_equal, np.less_equal)),
@@ -360,33 +367,26 @@ def _total(values):
     return _sum(values).astype(values[0].dtype)
 
 
-for _name, _since, _combine in (
-    (
-        "Min",
-        (6, 8, 12, 13),
-        lambda xs: functools.reduce(_numpy_on_host(jnp.minimum, np.minimum), xs),
-    ),
-    (
-        "Max",
-        (6, 8, 12, 13),
-        lambda xs: functools.reduce(_numpy_on_host(jnp.maximum, np.maximum), xs),
-    ),
-    ("Sum", (6, 8, 13), _total),
-    ("Mean", (6, 8, 13), _mean),
+_minimum = _numpy_on_host(jnp.minimum, np.minimum)
+_maximum = _numpy_on_host(jnp.maximum, np.maximum)
+# The last column computes on `jax.export` symbolic dims (lowering/symbolic.py).
+for _name, _since, _combine, _on_dims in (
+    ("Min", (6, 8, 12, 13), lambda xs: functools.reduce(_minimum, xs), min_dims),
+    ("Max", (6, 8, 12, 13), lambda xs: functools.reduce(_maximum, xs), max_dims),
+    ("Sum", (6, 8, 13), _total, False),
+    ("Mean", (6, 8, 13), _mean, False),
 ):
     op(_name, since=1)(_variadic(_name, _combine, legacy=True))
-    op(_name, since=_since)(_variadic(_name, _combine, legacy=False))
+    op(_name, since=_since, symbolic=_on_dims)(_variadic(_name, _combine, legacy=False))
 
 
-@op("Where", since=(9, 16), context=True)
+@op("Where", since=(9, 16), context=True, strings_on_host=True, symbolic=True)
 def where(ctx, condition, X, Y):
     """ONNX Where-9..16: X where condition holds, else Y, broadcast."""
     xp = np if on_host(condition, X, Y) else array_module(X, Y)
     if xp is np and isinstance(condition, jax.core.Tracer):
         # Strings live on the host, so choosing among them needs the condition there too.
-        raise HostValueNeeded(
-            ctx.node.label, ctx.node.op_type, ctx.node.inputs[0], "the condition, to pick strings"
-        )
+        ctx.need_host(0, "the condition, to pick strings")
     return xp.where(condition, X, Y)
 
 
@@ -552,16 +552,11 @@ def _float_text(value: float) -> str:
 def _target(ctx, x, to):
     """Strings exist only on the host: a traced input cannot become one."""
     if np.dtype(to).kind == "O" and isinstance(x, jax.core.Tracer):
-        raise HostValueNeeded(
-            ctx.node.label,
-            ctx.node.op_type,
-            ctx.node.inputs[0],
-            "its input, to print it as strings",
-        )
+        ctx.need_host(0, "its input, to print it as strings")
     return to
 
 
-@op("Cast", since=1, context=True)
+@op("Cast", since=1, context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v1(ctx, input, *, to):
     """ONNX Cast-1: cast to the type named by the string `to` ("FLOAT", "INT64", ...)."""
     code = _CAST_V1_TYPES.get(str(to).upper())
@@ -570,52 +565,52 @@ def cast_v1(ctx, input, *, to):
     return _cast(input, _target(ctx, input, dtypes.from_onnx(code)))
 
 
-@op("Cast", since=(6, 9, 13), context=True)
+@op("Cast", since=(6, 9, 13), context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v6(ctx, input, *, to):
     """ONNX Cast-6..13: cast to element type `to`."""
     return _cast(input, _target(ctx, input, dtypes.from_onnx(to)))
 
 
-@op("Cast", since=(19, 21), context=True)
+@op("Cast", since=(19, 21), context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v19(ctx, input, *, saturate=1, to):
     """ONNX Cast-19..21: cast; float8 targets saturate (Inf becomes NaN for the FNUZ types)."""
     target = _target(ctx, input, dtypes.from_onnx(to))
     return _cast(input, target, saturate=saturate, inf_saturates=False)
 
 
-@op("Cast", since=23, context=True)
+@op("Cast", since=23, context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v23(ctx, input, *, saturate=1, to):
     """ONNX Cast-23: cast; float8 targets saturate, Inf included."""
     return _cast(input, _target(ctx, input, dtypes.from_onnx(to)), saturate=saturate)
 
 
-@op("Cast", since=(24, 25, 28), context=True)
+@op("Cast", since=(24, 25, 28), context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v24(ctx, input, *, round_mode="up", saturate=1, to):
     """ONNX Cast-24..28: cast; float8 targets saturate, float8e8m0 rounds by `round_mode`."""
     target = _target(ctx, input, dtypes.from_onnx(to))
     return _cast(input, target, saturate=saturate, round_mode=round_mode)
 
 
-@op("CastLike", since=15, context=True)
+@op("CastLike", since=15, context=True, strings_on_host=True)
 def cast_like_v15(ctx, input, target_type):
     """ONNX CastLike-15: cast to the element type of `target_type`."""
     return _cast(input, _target(ctx, input, target_type.dtype))
 
 
-@op("CastLike", since=(19, 21), context=True)
+@op("CastLike", since=(19, 21), context=True, strings_on_host=True)
 def cast_like_v19(ctx, input, target_type, *, saturate=1):
     """ONNX CastLike-19..21: cast like Cast-19 to the element type of `target_type`."""
     target = _target(ctx, input, target_type.dtype)
     return _cast(input, target, saturate=saturate, inf_saturates=False)
 
 
-@op("CastLike", since=23, context=True)
+@op("CastLike", since=23, context=True, strings_on_host=True)
 def cast_like_v23(ctx, input, target_type, *, saturate=1):
     """ONNX CastLike-23: cast like Cast-23 to the element type of `target_type`."""
     return _cast(input, _target(ctx, input, target_type.dtype), saturate=saturate)
 
 
-@op("CastLike", since=(24, 25), context=True)
+@op("CastLike", since=(24, 25), context=True, strings_on_host=True)
 def cast_like_v24(ctx, input, target_type, *, round_mode="up", saturate=1):
     """ONNX CastLike-24..25: cast like Cast-24 to the element type of `target_type`."""
     target = _target(ctx, input, target_type.dtype)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transmuter.errors import HostValueNeeded, ShapeError
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.shape import array_module, host_module, host_scalar, normalize_axis
 
@@ -38,16 +38,13 @@ def _strings_need_host_indices(ctx, strings, indices, position: int = 1) -> None
     """String tensors live on the host, so the indices into them (node input `position`) must be
     concrete: traced ones are a graph break, and the compiling runtime runs this node eagerly."""
     if array_module(strings) is np and isinstance(indices, jax.core.Tracer):
-        node = ctx.node
-        raise HostValueNeeded(
-            node.label, node.op_type, node.inputs[position], "indices into a string tensor"
-        )
+        ctx.need_host(position, "indices into a string tensor")
 
 
 # --------------------------------------------------------------------------------- gathering
 
 
-@op("Gather", since=(1, 11, 13), context=True)
+@op("Gather", since=(1, 11, 13), context=True, strings_on_host=True, symbolic=True)
 def gather(ctx, data, indices, *, axis=0):
     """ONNX Gather-1..13: take entries of `data` along `axis` at `indices` (rank q + r - 1)."""
     _strings_need_host_indices(ctx, data, indices)
@@ -60,7 +57,7 @@ def gather(ctx, data, indices, *, axis=0):
     return jnp.take(data, indices, axis=axis, mode="clip")
 
 
-@op("GatherElements", since=(11, 13), context=True)
+@op("GatherElements", since=(11, 13), context=True, strings_on_host=True)
 def gather_elements(ctx, data, indices, *, axis=0):
     """ONNX GatherElements-11..13: out[i][j] = data[indices[i][j]][j] (for axis 0), per element."""
     _strings_need_host_indices(ctx, data, indices)
@@ -113,14 +110,14 @@ def _gather_nd(data, indices, batch_dims: int):
     return xp.reshape(out, (*indices.shape[:-1], *data.shape[b + k :]))
 
 
-@op("GatherND", since=11, context=True)
+@op("GatherND", since=11, context=True, strings_on_host=True)
 def gather_nd_v11(ctx, data, indices):
     """ONNX GatherND-11: gather slices of `data` addressed by the last dim of `indices`."""
     _strings_need_host_indices(ctx, data, indices)
     return _gather_nd(data, indices, 0)
 
 
-@op("GatherND", since=(12, 13), context=True)
+@op("GatherND", since=(12, 13), context=True, strings_on_host=True)
 def gather_nd(ctx, data, indices, *, batch_dims=0):
     """ONNX GatherND-12..13: GatherND with `batch_dims` leading dims shared by data and indices."""
     _strings_need_host_indices(ctx, data, indices)
@@ -200,22 +197,22 @@ def _scatter_elements(data, indices, updates, axis: int, reduction: str, reducti
     return _update(data, tuple(index), updates, reduction, reductions, unique)
 
 
-@op("Scatter", since=(9, 11), context=True)
-@op("ScatterElements", since=(11, 13), context=True)
+@op("Scatter", since=(9, 11), context=True, strings_on_host=True)
+@op("ScatterElements", since=(11, 13), context=True, strings_on_host=True)
 def scatter_elements_v11(ctx, data, indices, updates, *, axis=0):
     """ONNX ScatterElements-11..13 (and the deprecated Scatter-9..11): GatherElements' inverse."""
     _strings_need_host_indices(ctx, data, indices)
     return _scatter_elements(data, indices, updates, axis, "none", ("none",))
 
 
-@op("ScatterElements", since=16, context=True)
+@op("ScatterElements", since=16, context=True, strings_on_host=True)
 def scatter_elements_v16(ctx, data, indices, updates, *, axis=0, reduction="none"):
     """ONNX ScatterElements-16: write, add or multiply `updates` into a copy of `data`."""
     _strings_need_host_indices(ctx, data, indices)
     return _scatter_elements(data, indices, updates, axis, reduction, ("none", "add", "mul"))
 
 
-@op("ScatterElements", since=18, context=True)
+@op("ScatterElements", since=18, context=True, strings_on_host=True)
 def scatter_elements_v18(ctx, data, indices, updates, *, axis=0, reduction="none"):
     """ONNX ScatterElements-18: ScatterElements-16 plus max and min reductions."""
     _strings_need_host_indices(ctx, data, indices)
@@ -240,21 +237,21 @@ def _scatter_nd(data, indices, updates, reduction: str, reductions):
     return _update(data, index, updates, reduction, reductions, unique)
 
 
-@op("ScatterND", since=(11, 13), context=True)
+@op("ScatterND", since=(11, 13), context=True, strings_on_host=True)
 def scatter_nd_v11(ctx, data, indices, updates):
     """ONNX ScatterND-11..13: write `updates` at the index tuples in the last dim of `indices`."""
     _strings_need_host_indices(ctx, data, indices)
     return _scatter_nd(data, indices, updates, "none", ("none",))
 
 
-@op("ScatterND", since=16, context=True)
+@op("ScatterND", since=16, context=True, strings_on_host=True)
 def scatter_nd_v16(ctx, data, indices, updates, *, reduction="none"):
     """ONNX ScatterND-16: write, add or multiply `updates` at the index tuples."""
     _strings_need_host_indices(ctx, data, indices)
     return _scatter_nd(data, indices, updates, reduction, ("none", "add", "mul"))
 
 
-@op("ScatterND", since=18, context=True)
+@op("ScatterND", since=18, context=True, strings_on_host=True)
 def scatter_nd_v18(ctx, data, indices, updates, *, reduction="none"):
     """ONNX ScatterND-18: ScatterND-16 plus max and min reductions."""
     _strings_need_host_indices(ctx, data, indices)
@@ -285,14 +282,26 @@ def _one_hot(indices, depth, values, axis: int, negative: bool):
     return jnp.where(hot, values[1], values[0])
 
 
-@op("OneHot", since=9, host_inputs={"depth": "the one-hot size"}, context=True)
+@op(
+    "OneHot",
+    since=9,
+    host_inputs={"depth": "the one-hot size"},
+    context=True,
+    strings_on_host=True,
+)
 def one_hot_v9(ctx, indices, depth, values, *, axis=-1):
     """ONNX OneHot-9: values[1] where the new `axis` equals the index, values[0] elsewhere."""
     _strings_need_host_indices(ctx, values, indices, position=0)
     return _one_hot(indices, depth, values, axis, negative=False)
 
 
-@op("OneHot", since=(11, 28), host_inputs={"depth": "the one-hot size"}, context=True)
+@op(
+    "OneHot",
+    since=(11, 28),
+    host_inputs={"depth": "the one-hot size"},
+    context=True,
+    strings_on_host=True,
+)
 def one_hot(ctx, indices, depth, values, *, axis=-1):
     """ONNX OneHot-11..28: OneHot-9 with negative indices counted back from depth."""
     _strings_need_host_indices(ctx, values, indices, position=0)
@@ -353,7 +362,7 @@ def unique(X, *, axis=None, sorted=1):
 # ------------------------------------------------------------------------------- reversing
 
 
-@op("ReverseSequence", since=(10, 28), context=True)
+@op("ReverseSequence", since=(10, 28), context=True, strings_on_host=True)
 def reverse_sequence(ctx, input, sequence_lens, *, batch_axis=1, time_axis=0):
     """ONNX ReverseSequence-10..28: reverse the first sequence_lens[b] steps of each batch entry."""
     _strings_need_host_indices(ctx, input, sequence_lens)

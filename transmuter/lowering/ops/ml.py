@@ -1,8 +1,8 @@
 """Classical machine-learning operators of the ai.onnx.ml domain (scikit-learn style exports).
 
 String tensors live on the host (DESIGN.md), so an op that reads or writes strings runs with
-numpy; when its numeric input is traced, it raises HostValueNeeded and the compiling runtime runs
-the node eagerly. Everything numeric runs with jax.numpy, on the host or the device.
+numpy; when its numeric input is traced, it asks for it on the host (`ctx.need_host`) and the
+compiling runtime runs the node eagerly. Everything numeric runs with jax.numpy, on the host or the device.
 
 Tree ensembles live in ml_trees.py, support vector machines in ml_svm.py, and the operators on
 maps (ZipMap, CastMap, DictVectorizer) in ml_maps.py; they share this module's helpers.
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transmuter.errors import HostValueNeeded, ShapeError
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
 
 ML = "ai.onnx.ml"
@@ -40,8 +40,7 @@ def strings_array(values, shape) -> np.ndarray:
 def host_value(ctx, value, position: int, why: str) -> np.ndarray:
     """`value` (node input `position`) as numpy; a traced value is a graph break."""
     if isinstance(value, jax.core.Tracer):
-        node = ctx.node
-        raise HostValueNeeded(node.label, node.op_type, node.inputs[position], why)
+        ctx.need_host(position, why)
     return np.asarray(value)
 
 
@@ -138,7 +137,7 @@ def binarizer(X, *, threshold=0.0):
     return (compare > jnp.asarray(threshold, compare.dtype)).astype(x.dtype)
 
 
-@op("ArrayFeatureExtractor", since=1, domain=ML, context=True)
+@op("ArrayFeatureExtractor", since=1, domain=ML, context=True, strings_on_host=True)
 def array_feature_extractor(ctx, X, Y):
     """ONNX-ML ArrayFeatureExtractor-1: X[..., Y.flatten()]; a vector X gives one row."""
     if _is_strings(X):
@@ -301,7 +300,7 @@ def linear_regressor(X, *, coefficients=None, intercepts=None, post_transform="N
     return apply_post_transform("LinearRegressor", scores, post_transform).astype(jnp.float32)
 
 
-@op("LinearClassifier", since=1, domain=ML, context=True)
+@op("LinearClassifier", since=1, domain=ML, context=True, strings_on_host=True)
 def linear_classifier(
     ctx,
     X,
@@ -400,7 +399,7 @@ def _map(ctx, x, keys: np.ndarray, values: np.ndarray, default) -> object:
     return xp.asarray(table)[position]
 
 
-@op("LabelEncoder", since=1, domain=ML, context=True)
+@op("LabelEncoder", since=1, domain=ML, context=True, strings_on_host=True)
 def label_encoder_v1(ctx, X, *, classes_strings=None, default_int64=-1, default_string="_Unused"):
     """ONNX-ML LabelEncoder-1: strings to their index in classes_strings, or int64 indices to
     the string there; the input type picks the direction."""
@@ -447,7 +446,7 @@ def _label_encoder(ctx, x, keys, values, defaults, default_tensor=None):
     return _map(ctx, x, keys, values, default)
 
 
-@op("LabelEncoder", since=2, domain=ML, context=True)
+@op("LabelEncoder", since=2, domain=ML, context=True, strings_on_host=True)
 def label_encoder_v2(
     ctx,
     X,
@@ -473,7 +472,7 @@ def label_encoder_v2(
     )  # fmt: skip
 
 
-@op("LabelEncoder", since=4, domain=ML, context=True)
+@op("LabelEncoder", since=4, domain=ML, context=True, strings_on_host=True)
 def label_encoder_v4(
     ctx,
     X,
@@ -504,7 +503,7 @@ def label_encoder_v4(
     )  # fmt: skip
 
 
-@op("CategoryMapper", since=1, domain=ML, context=True)
+@op("CategoryMapper", since=1, domain=ML, context=True, strings_on_host=True)
 def category_mapper(
     ctx, X, *, cats_int64s=None, cats_strings=None, default_int64=-1, default_string="_Unused"
 ):

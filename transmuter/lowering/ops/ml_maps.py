@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transmuter.errors import HostValueNeeded, ShapeError
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.ml import ML, one_of, strings_array
 
@@ -30,8 +30,7 @@ def _traced(values) -> bool:
 
 def _host_map(ctx, value: dict, why: str) -> dict:
     if _traced(value.values()):
-        node = ctx.node
-        raise HostValueNeeded(node.label, node.op_type, node.inputs[0], why)
+        ctx.need_host(0, why)
     return value
 
 
@@ -64,7 +63,7 @@ def _to_string(value) -> str:
     return value if isinstance(value, str) else f"{float(value):f}"
 
 
-@op("CastMap", since=1, domain=ML, context=True)
+@op("CastMap", since=1, domain=ML, context=True, strings_on_host=True)
 def cast_map(ctx, X, *, cast_to="TO_FLOAT", map_form="DENSE", max_map=1):
     """ONNX-ML CastMap-1: a map int64 -> value as a [1, M] tensor: the values in key order
     (DENSE), or at their keys' positions in [0, max_map) with zeros elsewhere (SPARSE)."""

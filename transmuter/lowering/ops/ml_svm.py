@@ -104,7 +104,7 @@ def _coupling(r, k: int, iterations: int = 100):
     return jnp.stack(p, axis=1)
 
 
-@op("SVMClassifier", since=1, domain=ML, context=True)
+@op("SVMClassifier", since=1, domain=ML, context=True, strings_on_host=True)
 def svm_classifier(
     ctx,
     X,

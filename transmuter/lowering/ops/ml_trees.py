@@ -526,7 +526,7 @@ def tree_ensemble_regressor(
     )
 
 
-@op("TreeEnsembleClassifier", since=1, domain=ML, context=True)
+@op("TreeEnsembleClassifier", since=1, domain=ML, context=True, strings_on_host=True)
 def tree_ensemble_classifier_v1(
     ctx,
     X,
@@ -562,7 +562,7 @@ def tree_ensemble_classifier_v1(
     )  # fmt: skip
 
 
-@op("TreeEnsembleClassifier", since=3, domain=ML, context=True)
+@op("TreeEnsembleClassifier", since=3, domain=ML, context=True, strings_on_host=True)
 def tree_ensemble_classifier(
     ctx,
     X,

@@ -93,13 +93,13 @@ def _axis_slice(rank: int, axis: int, part: slice) -> tuple:
 # ---------------------------------------------------------------------------- shapes on the host
 
 
-@op("Shape", since=(1, 13))
+@op("Shape", since=(1, 13), reads_shape=True, symbolic=True)
 def shape_v1(data):
     """ONNX Shape-1..13: the input's shape as a host int64 vector."""
     return dims_array(data.shape)
 
 
-@op("Shape", since=(15, 19, *_LATEST))
+@op("Shape", since=(15, 19, *_LATEST), reads_shape=True, symbolic=True)
 def shape_v15(data, *, end=None, start=0):
     """ONNX Shape-15..25: dims [start, end) of the input's shape, clamped, as host int64."""
     rank = len(data.shape)
@@ -108,7 +108,7 @@ def shape_v15(data, *, end=None, start=0):
     return dims_array(data.shape[begin:stop])
 
 
-@op("Size", since=(1, 13, 19, *_LATEST))
+@op("Size", since=(1, 13, 19, *_LATEST), reads_shape=True, symbolic=True)
 def size(data):
     """ONNX Size-1..25: the number of elements as a host int64 scalar."""
     return dims_array([math.prod(data.shape)]).reshape(())
@@ -152,25 +152,25 @@ def _reshape(data, shape, allowzero: int):
     return host_module(data).reshape(data, target)
 
 
-@op("Reshape", since=1)
+@op("Reshape", since=1, symbolic=True)
 def reshape_v1(data, *, consumed_inputs=None, shape=None):
     """ONNX Reshape-1: reshape to the `shape` attribute (0 copies a dim, -1 is inferred)."""
     return _reshape(data, shape if shape is not None else (), allowzero=0)
 
 
-@op("Reshape", since=(5, 13), host_inputs={"shape": "the target shape"})
+@op("Reshape", since=(5, 13), host_inputs={"shape": "the target shape"}, symbolic=True)
 def reshape_v5(data, shape):
     """ONNX Reshape-5..13: reshape to the `shape` input (0 copies a dim, -1 is inferred)."""
     return _reshape(data, shape, allowzero=0)
 
 
-@op("Reshape", since=(14, 19, *_LATEST), host_inputs={"shape": "the target shape"})
+@op("Reshape", since=(14, 19, *_LATEST), host_inputs={"shape": "the target shape"}, symbolic=True)
 def reshape_v14(data, shape, *, allowzero=0):
     """ONNX Reshape-14..25: reshape; with allowzero=1 a 0 in `shape` is a zero-size dim."""
     return _reshape(data, shape, allowzero)
 
 
-@op("Flatten", since=(1, 9, 11, 13, *_LATEST))
+@op("Flatten", since=(1, 9, 11, 13, *_LATEST), symbolic=True)
 def flatten(input, *, axis=1):
     """ONNX Flatten-1..25: 2-D view (prod(dims[:axis]), prod(dims[axis:]))."""
     rank = input.ndim
@@ -197,13 +197,13 @@ def _squeeze(data, axes):
     return host_module(data).reshape(data, shape)
 
 
-@op("Squeeze", since=(1, 11))
+@op("Squeeze", since=(1, 11), symbolic=True)
 def squeeze_v1(data, *, axes=None):
     """ONNX Squeeze-1..11: drop the size-1 dims in the `axes` attribute (all if absent)."""
     return _squeeze(data, axes)
 
 
-@op("Squeeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to drop"})
+@op("Squeeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to drop"}, symbolic=True)
 def squeeze_v13(data, axes=None):
     """ONNX Squeeze-13..25: drop the size-1 dims in the `axes` input (all if absent)."""
     return _squeeze(data, None if axes is None else host_ints(axes))
@@ -219,19 +219,19 @@ def _unsqueeze(data, axes):
     return host_module(data).reshape(data, shape)
 
 
-@op("Unsqueeze", since=(1, 11))
+@op("Unsqueeze", since=(1, 11), symbolic=True)
 def unsqueeze_v1(data, *, axes):
     """ONNX Unsqueeze-1..11: insert size-1 dims at the `axes` attribute (output positions)."""
     return _unsqueeze(data, list(axes))
 
 
-@op("Unsqueeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to insert"})
+@op("Unsqueeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to insert"}, symbolic=True)
 def unsqueeze_v13(data, axes):
     """ONNX Unsqueeze-13..25: insert size-1 dims at the `axes` input (output positions)."""
     return _unsqueeze(data, host_ints(axes))
 
 
-@op("Transpose", since=(1, 13, *_LATEST))
+@op("Transpose", since=(1, 13, *_LATEST), symbolic=True)
 def transpose(data, *, perm=None):
     """ONNX Transpose-1..25: permute dims by `perm` (reversed when absent)."""
     perm = tuple(reversed(range(data.ndim))) if perm is None else tuple(perm)
@@ -321,13 +321,13 @@ def _concat(inputs, axis: int):
     return host_module(*inputs).concatenate(inputs, axis=axis)
 
 
-@op("Concat", since=1)
+@op("Concat", since=1, symbolic=True)
 def concat_v1(*inputs, axis=None):
     """ONNX Concat-1: join along `axis` (1 when absent, as the spec's text says)."""
     return _concat(inputs, 1 if axis is None else axis)
 
 
-@op("Concat", since=(4, 11, 13))
+@op("Concat", since=(4, 11, 13), symbolic=True)
 def concat(*inputs, axis):
     """ONNX Concat-4..13: join the inputs along `axis`."""
     return _concat(inputs, axis)
@@ -437,7 +437,7 @@ def _has_symbolic(index: list) -> bool:
     return any(is_symbolic_dim(bound) for part in index for bound in (part.start, part.stop))
 
 
-@op("Slice", since=1)
+@op("Slice", since=1, symbolic=True)
 def slice_v1(data, *, ends, starts, axes=None):
     """ONNX Slice-1: slice by the starts/ends/axes attributes (negative counts from the end)."""
     return _slice(data, starts, ends, axes, None)
@@ -452,13 +452,14 @@ def slice_v1(data, *, ends, starts, axes=None):
         "axes": "slice axes",
         "steps": "slice steps",
     },
+    symbolic=True,
 )
 def slice_v10(data, starts, ends, axes=None, steps=None):
     """ONNX Slice-10..13: numpy-style slicing with clamped bounds and negative steps."""
     return _slice(data, starts, ends, axes, steps)
 
 
-@op("Expand", since=(8, 13), host_inputs={"shape": "the target shape"})
+@op("Expand", since=(8, 13), host_inputs={"shape": "the target shape"}, symbolic=True)
 def expand(input, shape):
     """ONNX Expand-8..13: broadcast `input` and `shape` against each other (numpy rules)."""
     target = host_ints(shape)
@@ -487,7 +488,12 @@ def _tile(input, repeats):
     return xp.tile(input, repeats)
 
 
-@op("Tile", since=1, host_inputs={"tiles": "the repeat count", "axis": "the axis to repeat"})
+@op(
+    "Tile",
+    since=1,
+    host_inputs={"tiles": "the repeat count", "axis": "the axis to repeat"},
+    symbolic=True,
+)
 def tile_v1(input, tiles, axis):
     """ONNX Tile-1: repeat the input `tiles` times along one `axis`."""
     repeats = [1] * input.ndim
@@ -497,7 +503,7 @@ def tile_v1(input, tiles, axis):
     return _tile(input, repeats)
 
 
-@op("Tile", since=(6, 13), host_inputs={"repeats": "the repeat counts"})
+@op("Tile", since=(6, 13), host_inputs={"repeats": "the repeat counts"}, symbolic=True)
 def tile(input, repeats):
     """ONNX Tile-6..13: numpy.tile with one repeat count per dim."""
     return _tile(input, host_ints(repeats))
@@ -582,7 +588,12 @@ def pad_v19(data, pads, constant_value=None, axes=None, *, mode="constant"):
 # ------------------------------------------------------------------------- constants and ranges
 
 
-@op("ConstantOfShape", since=(9, 20, *_LATEST), host_inputs={"input": "the output shape"})
+@op(
+    "ConstantOfShape",
+    since=(9, 20, *_LATEST),
+    host_inputs={"input": "the output shape"},
+    symbolic=True,
+)
 def constant_of_shape(input, *, value=None):
     """ONNX ConstantOfShape-9..25: a tensor of the given shape filled with `value` (float32 0)."""
     shape = host_ints(input)
@@ -651,7 +662,7 @@ def constant_v12(
     )
 
 
-@op("Identity", since=(1, 13, 14, 16, 19, *_LATEST))
+@op("Identity", since=(1, 13, 14, 16, 19, *_LATEST), symbolic=True)
 def identity(input):
     """ONNX Identity-1..25: the input itself (tensor, sequence or optional)."""
     return input
@@ -685,6 +696,7 @@ def _range(start, limit, delta, compute_dtype=None):
     "Range",
     since=11,
     host_inputs={"start": "range bounds", "limit": "range bounds", "delta": "range bounds"},
+    symbolic=True,
 )
 def range_v11(start, limit, delta):
     """ONNX Range-11: start + i*delta for i in [0, max(ceil((limit-start)/delta), 0))."""
@@ -699,6 +711,7 @@ _HALF = (np.dtype(np.float16), dtypes.from_onnx(16))
     "Range",
     since=27,
     host_inputs={"start": "range bounds", "limit": "range bounds", "delta": "range bounds"},
+    symbolic=True,
 )
 def range_v27(start, limit, delta, *, stash_type=1):
     """ONNX Range-27: Range-11; float16/bfloat16 computed in the `stash_type` precision."""
