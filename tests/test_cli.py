@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from test_checking import int8_matmul_model
 
 from transmuter import checking, cpu
+from transmuter.checking import comparison
 from transmuter.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
@@ -95,6 +96,12 @@ def test_check_passes_on_a_fixture(capsys):
     assert "present.1.value" in out and "all 5 outputs match" in out
 
 
+def replace_reference(monkeypatch, outputs):
+    """ONNX Runtime's outputs made by `outputs`, for the CLI and the divergence search."""
+    monkeypatch.setattr(checking, "reference_outputs", outputs)
+    monkeypatch.setattr(comparison, "reference_outputs", outputs)
+
+
 def test_check_reports_the_first_diverging_node(monkeypatch, capsys):
     real = checking.reference_outputs
     target = "/model/encoder/layer.0/attention/self/Softmax_output_0"
@@ -107,7 +114,7 @@ def test_check_reports_the_first_diverging_node(monkeypatch, capsys):
             values["last_hidden_state"] = values["last_hidden_state"] + 0.1
         return values
 
-    monkeypatch.setattr(checking, "reference_outputs", skewed)
+    replace_reference(monkeypatch, skewed)
     assert main(["check", BERT]) == 1
     out = capsys.readouterr().out
     assert "last_hidden_state" in out and "MISMATCH" in out
@@ -226,7 +233,7 @@ def test_check_says_where_the_reference_may_saturate(tmp_path, monkeypatch, caps
         values["y"] = saturating_u8_s8_matmul(values["q"], weight) - zero_point_sums
         return values if expose_intermediates else {"y": values["y"]}
 
-    monkeypatch.setattr(checking, "reference_outputs", saturated)
+    replace_reference(monkeypatch, saturated)
     monkeypatch.setattr(cpu, "has_vnni", lambda: False)
     x = tmp_path / "x.npy"
     np.save(x, (rng.standard_normal((3, 16)) * 4).astype(np.float32))

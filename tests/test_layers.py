@@ -75,3 +75,25 @@ def test_only_the_front_end_imports_onnx():
 
 def test_coverage_folder_is_not_a_package():
     assert not (PACKAGE.parent / "coverage" / "__init__.py").exists()
+
+
+# What families share lives in lowering/shared.py and transmuter/dtypes.py. A com.microsoft op
+# may build on the ai.onnx operator it extends (FusedConv on Conv, DynamicQuantizeLSTM on the
+# LSTM recurrence), and the ai.onnx.ml modules share ml.py, one family in four modules.
+OPS = PACKAGE / "lowering" / "ops"
+
+
+def _family_imports_allowed(path: Path, imported: str) -> bool:
+    if "contrib" in path.parts:
+        return True
+    return path.stem.startswith("ml_") and imported == "ml"
+
+
+def test_no_op_family_imports_another():
+    bad = []
+    for path in sorted(OPS.rglob("*.py")):
+        for name in imports(path):
+            family = name.removeprefix("transmuter.lowering.ops.")
+            if family != name and family and not _family_imports_allowed(path, family):
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert not bad, "\n".join(bad)

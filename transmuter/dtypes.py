@@ -73,3 +73,19 @@ def is_float(dtype) -> bool:
 
 
 _ML_FLOATS = {ONNX_TO_NUMPY[c] for c in (16, 17, 18, 19, 20, 23, 24, 27, 28)}
+
+# The half-precision float types, which compute their sums, products, norms and softmax in float32.
+HALF = frozenset(ONNX_TO_NUMPY[code] for code in (10, 16))
+
+
+def accumulation_dtype(dtype, *, real: bool = False) -> np.dtype:
+    """The type to accumulate sums, products, norms and softmax of `dtype` in: float32 for
+    float16/bfloat16 (rounded back once at the end, as ONNX Runtime's kernels do); float64 for
+    integers when the result is real-valued (`real`, e.g. a log or a square root, truncated
+    back); the type itself otherwise."""
+    dtype = np.dtype(dtype)
+    if dtype in HALF:
+        return np.dtype(np.float32)
+    if real and not is_float(dtype):
+        return np.dtype(np.float64)
+    return dtype

@@ -209,7 +209,7 @@ def test_dropout_training_mode_with_ratio_zero_keeps_everything(x):
 
 
 # Dropout-12+ in training mode with a nonzero ratio raises UnsupportedOpError today
-# (transmuter/lowering/ops/shape.py, dropout_v12); the change that implements it is described
+# (transmuter/lowering/ops/random.py, dropout_v12); the change that implements it is described
 # in the report of the fine-tuning task. Remove the mark when it lands.
 def test_dropout_training_mode_draws_a_mask_from_the_key_and_differentiates(rng):
     x = rng.standard_normal((8, 64)).astype(np.float32)

@@ -2,14 +2,20 @@
 
 Lookup takes the highest registered since-version <= the model's opset for that domain. Domains
 never fall back to one another: a com.microsoft op is looked up in com.microsoft only.
+An older version that differs from a newer one only in its signature is registered as a
+`variant` of the newer function rather than written out again.
 """
 
 from __future__ import annotations
 
 import bisect
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from transmuter.errors import UnsupportedOpError
 
@@ -156,6 +162,109 @@ def _input_indices(fn: Callable, host_inputs: dict[str, str], context: bool) -> 
             raise ValueError(f"{fn.__name__} has no positional input {name!r} to declare as host")
         indices[params.index(name)] = reason
     return indices
+
+
+REQUIRED = inspect.Parameter.empty  # the default of an attribute or input a version requires
+
+
+class Attribute(NamedTuple):
+    """An input of the newer function that an older version takes as the attribute `name`; its
+    value reaches the newer function as a host array `np.asarray(value, dtype)` (None: absent)."""
+
+    name: str
+    default: Any = REQUIRED
+    dtype: Any = None
+
+
+def variant(
+    fn: Callable,
+    name: str,
+    doc: str,
+    *,
+    fixed: Mapping[str, Any] | None = None,
+    ignored: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    required: Iterable[str] = (),
+    attributes: Mapping[str, Attribute] | None = None,
+) -> Callable:
+    """`fn` as another version of its operator (or the same operator in another domain), given
+    by how that version's signature differs from `fn`'s; register the result with `op`.
+
+    fixed: parameters of `fn` the version lacks, with the value it behaves as (an attribute a
+    later version added, an input it lacks, an option of a shared implementation).
+    ignored: attributes only the version has, with their defaults; they do not change the result.
+    defaults: attributes whose default differs in the version.
+    required: optional inputs of `fn` that the version requires.
+    attributes: inputs of `fn` that the version takes as attributes (`Attribute`).
+
+    The result has the version's signature (`__signature__`, which the registry's contract test
+    checks against the schema), `name` and the one-line docstring `doc`; it binds its arguments
+    and calls `fn`. A version whose semantics differ otherwise is a function of its own.
+    """
+    fixed, ignored = dict(fixed or {}), dict(ignored or {})
+    defaults, attributes, required = dict(defaults or {}), dict(attributes or {}), set(required)
+    params = inspect.signature(fn).parameters
+    unknown = (set(fixed) | set(defaults) | set(attributes) | required) - set(params)
+    if unknown:
+        raise ValueError(f"{name}: {fn.__name__} has no parameters {sorted(unknown)}")
+    if set(ignored) & set(params):
+        raise ValueError(
+            f"{name}: ignored names {sorted(set(ignored) & set(params))}, which {fn.__name__} "
+            "takes (fixed or defaults describes those)"
+        )
+    for what, names, kind in (
+        ("defaults", defaults, inspect.Parameter.KEYWORD_ONLY),
+        ("required", required, inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("attributes", attributes, inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    ):
+        wrong = sorted(n for n in names if params[n].kind is not kind)
+        if wrong:
+            raise ValueError(
+                f"{name}: {what} names {wrong}, not {kind.description} in {fn.__name__}"
+            )
+    positional, keyword = [], []
+    for p in params.values():
+        if p.kind is p.VAR_KEYWORD:
+            raise ValueError(f"{name}: {fn.__name__} takes **{p.name}, which no schema has")
+        if p.name in fixed or p.name in attributes:
+            continue
+        if p.name in defaults:
+            p = p.replace(default=defaults[p.name])
+        if p.name in required:
+            p = p.replace(default=REQUIRED)
+        (keyword if p.kind is p.KEYWORD_ONLY else positional).append(p)
+    only = [(a.name, a.default) for a in attributes.values()] + list(ignored.items())
+    keyword += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in only]
+    signature = inspect.Signature(positional + keyword)
+
+    def forward(*args, **kwargs):
+        values = signature.bind(*args, **kwargs)
+        values.apply_defaults()
+        given = values.arguments
+        call, keywords = [], {}
+        for p in params.values():
+            if p.name in fixed:
+                value = fixed[p.name]
+            elif p.name in attributes:
+                attribute = attributes[p.name]
+                value = given[attribute.name]
+                value = None if value is None else np.asarray(value, attribute.dtype)
+            else:
+                value = given[p.name]
+            if p.kind is p.KEYWORD_ONLY:
+                keywords[p.name] = value
+            elif p.kind is p.VAR_POSITIONAL:
+                call.extend(value)
+            else:
+                call.append(value)
+        return fn(*call, **keywords)
+
+    forward.__signature__ = signature
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = doc
+    # The calling module, as collections.namedtuple does: the family the version belongs to.
+    forward.__module__ = sys._getframe(1).f_globals.get("__name__", fn.__module__)
+    return forward
 
 
 def lookup(domain: str, op_type: str, opset: int, node: str = "") -> OpDef:

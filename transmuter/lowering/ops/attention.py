@@ -16,15 +16,11 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator
+from transmuter.lowering import op, variant
 
 _SOFTMAX_PRECISIONS = (1, 10, 11, 16)  # float, float16, double, bfloat16
-
-
-def _compute(dtype) -> np.dtype:
-    return accumulator(dtype) or np.dtype(dtype)
 
 
 def _to_heads(name: str, x, num_heads, which: str):
@@ -137,27 +133,30 @@ def append_past(op_type: str, past_key, past_value, k, v):
 
 def _attention(
     ctx,
-    q,
-    k,
-    v,
-    attn_mask,
-    past_key,
-    past_value,
-    nonpad_kv_seqlen,
+    Q,
+    K,
+    V,
+    attn_mask=None,
+    past_key=None,
+    past_value=None,
+    nonpad_kv_seqlen=None,
     *,
-    is_causal,
-    kv_num_heads,
-    q_num_heads,
-    qk_matmul_output_mode,
-    scale,
-    softcap,
-    softmax_precision,
-    left_window_size,
-    right_window_size,
+    is_causal=0,
+    kv_num_heads=None,
+    left_window_size=-1,
+    q_num_heads=None,
+    qk_matmul_output_mode=0,
+    right_window_size=-1,
+    scale=None,
+    softcap=0.0,
+    softmax_precision=None,
     pad_mask: bool,
     heads_with_4d: bool,
 ):
-    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    """Every version of ONNX Attention, with Attention-25's inputs and attributes: pad_mask pads
+    a mask shorter than the keys (24), heads_with_4d allows the head counts with 4-D inputs
+    (23 and 24)."""
+    q, k, v = jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V)
     if not q.ndim == k.ndim == v.ndim:
         raise ShapeError(
             f"Attention: Q, K and V must all be 3-D or all 4-D, got {q.shape}, {k.shape}, {v.shape}"
@@ -208,7 +207,7 @@ def _attention(
     total = k.shape[2]
 
     out_dtype = q.dtype
-    acc = _compute(out_dtype)
+    acc = accumulation_dtype(out_dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
     # Q and K are each scaled by sqrt(scale) before the product, as the spec does, so that
@@ -257,7 +256,7 @@ def _attention(
         precision = dtypes.from_onnx(softmax_precision)
         # The scores are rounded to softmax_precision and so are the probabilities; the
         # arithmetic in between runs at least in float32.
-        probs = _softmax(scores.astype(precision), _compute(precision)).astype(precision)
+        probs = _softmax(scores.astype(precision), accumulation_dtype(precision)).astype(precision)
     if bias is not None:
         # A query whose every key is masked attends to nothing: its row is zero, not NaN.
         empty = jnp.all(jnp.isneginf(jnp.broadcast_to(bias, target)), axis=-1, keepdims=True)
@@ -267,7 +266,9 @@ def _attention(
     if v.dtype != out_dtype:  # V (T2) may differ from Q (T1): meet in the wider float
         pv = np.dtype(np.float64 if np.float64 in (out_dtype, v.dtype) else np.float32)
     weights = probs.astype(pv).reshape(batch, kv_heads, group, q_len, total)
-    y = jnp.einsum("bhgqk,bhkd->bhgqd", weights, v.astype(pv), preferred_element_type=_compute(pv))
+    y = jnp.einsum(
+        "bhgqk,bhkd->bhgqd", weights, v.astype(pv), preferred_element_type=accumulation_dtype(pv)
+    )
     y = y.reshape(batch, heads, q_len, v.shape[3]).astype(out_dtype)
     if packed:
         y = y.transpose(0, 2, 1, 3).reshape(batch, q_len, heads * v.shape[3])
@@ -278,134 +279,23 @@ def _attention(
     return y, present_key, present_value, qk
 
 
-@op("Attention", since=23, context=True)
-def attention_v23(
-    ctx,
-    Q,
-    K,
-    V,
-    attn_mask=None,
-    past_key=None,
-    past_value=None,
-    *,
-    is_causal=0,
-    kv_num_heads=None,
-    q_num_heads=None,
-    qk_matmul_output_mode=0,
-    scale=None,
-    softcap=0.0,
-    softmax_precision=None,
-):
-    """ONNX Attention-23: scaled dot-product attention with masks, KV cache and GQA."""
-    return _attention(
-        ctx,
-        Q,
-        K,
-        V,
-        attn_mask,
-        past_key,
-        past_value,
-        None,
-        is_causal=is_causal,
-        kv_num_heads=kv_num_heads,
-        q_num_heads=q_num_heads,
-        qk_matmul_output_mode=qk_matmul_output_mode,
-        scale=scale,
-        softcap=softcap,
-        softmax_precision=softmax_precision,
-        left_window_size=-1,
-        right_window_size=-1,
-        pad_mask=False,
-        heads_with_4d=True,
-    )
-
-
-@op("Attention", since=24, context=True)
-def attention_v24(
-    ctx,
-    Q,
-    K,
-    V,
-    attn_mask=None,
-    past_key=None,
-    past_value=None,
-    nonpad_kv_seqlen=None,
-    *,
-    is_causal=0,
-    kv_num_heads=None,
-    q_num_heads=None,
-    qk_matmul_output_mode=0,
-    scale=None,
-    softcap=0.0,
-    softmax_precision=None,
-):
-    """ONNX Attention-24: adds nonpad_kv_seqlen (external cache) and short masks padded."""
-    return _attention(
-        ctx,
-        Q,
-        K,
-        V,
-        attn_mask,
-        past_key,
-        past_value,
-        nonpad_kv_seqlen,
-        is_causal=is_causal,
-        kv_num_heads=kv_num_heads,
-        q_num_heads=q_num_heads,
-        qk_matmul_output_mode=qk_matmul_output_mode,
-        scale=scale,
-        softcap=softcap,
-        softmax_precision=softmax_precision,
-        left_window_size=-1,
-        right_window_size=-1,
-        pad_mask=True,
-        heads_with_4d=True,
-    )
-
-
-@op("Attention", since=25, context=True)
-def attention_v25(
-    ctx,
-    Q,
-    K,
-    V,
-    attn_mask=None,
-    past_key=None,
-    past_value=None,
-    nonpad_kv_seqlen=None,
-    *,
-    is_causal=0,
-    kv_num_heads=None,
-    left_window_size=-1,
-    q_num_heads=None,
-    qk_matmul_output_mode=0,
-    right_window_size=-1,
-    scale=None,
-    softcap=0.0,
-    softmax_precision=None,
-):
-    """ONNX Attention-25: adds sliding windows; head counts are only for 3-D inputs."""
-    return _attention(
-        ctx,
-        Q,
-        K,
-        V,
-        attn_mask,
-        past_key,
-        past_value,
-        nonpad_kv_seqlen,
-        is_causal=is_causal,
-        kv_num_heads=kv_num_heads,
-        q_num_heads=q_num_heads,
-        qk_matmul_output_mode=qk_matmul_output_mode,
-        scale=scale,
-        softcap=softcap,
-        softmax_precision=softmax_precision,
-        left_window_size=left_window_size,
-        right_window_size=right_window_size,
-        pad_mask=True,
-        heads_with_4d=False,
-    )
+attention_v23 = op("Attention", since=23, context=True)(variant(
+    _attention, "attention_v23",
+    "ONNX Attention-23: scaled dot-product attention with masks, KV cache and GQA.",
+    fixed={"nonpad_kv_seqlen": None, "left_window_size": -1, "right_window_size": -1,
+           "pad_mask": False, "heads_with_4d": True},
+))  # fmt: skip
+attention_v24 = op("Attention", since=24, context=True)(variant(
+    _attention, "attention_v24",
+    "ONNX Attention-24: adds nonpad_kv_seqlen (external cache) and short masks padded.",
+    fixed={"left_window_size": -1, "right_window_size": -1, "pad_mask": True,
+           "heads_with_4d": True},
+))  # fmt: skip
+attention_v25 = op("Attention", since=25, context=True)(variant(
+    _attention, "attention_v25",
+    "ONNX Attention-25: adds sliding windows; head counts are only for 3-D inputs.",
+    fixed={"pad_mask": True, "heads_with_4d": False},
+))  # fmt: skip
 
 
 def _modify(ctx, graph, name: str, value):
@@ -459,13 +349,13 @@ def flex_attention(
         batch, kv_heads, group, q_len, head_size
     )
     scores = jnp.einsum(
-        "bhgqd,bhkd->bhgqk", grouped, k * root, preferred_element_type=_compute(q.dtype)
+        "bhgqd,bhkd->bhgqk", grouped, k * root, preferred_element_type=accumulation_dtype(q.dtype)
     )
     scores = scores.reshape(batch, heads, q_len, total).astype(precision)
     if score_mod is not None:
         scores = _modify(ctx, score_mod, "score_mod", scores)
     # A plain softmax, as the spec writes it: a row that score_mod masks entirely is NaN.
-    compute = _compute(precision)
+    compute = accumulation_dtype(precision)
     x = scores.astype(compute)
     e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True, initial=-jnp.inf))
     probs = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(precision)
@@ -520,7 +410,7 @@ def rotary_embedding(
                 f"RotaryEmbedding: {name}'s last dim is {cache.shape[-1]}, expected "
                 f"rotary_embedding_dim / 2 = {dim // 2}"
             )
-    dtype = _compute(x.dtype)
+    dtype = accumulation_dtype(x.dtype)
     axis = -2 if heads_last else -3
     cos = jnp.expand_dims(cos.astype(dtype), axis)
     sin = jnp.expand_dims(sin.astype(dtype), axis)

@@ -14,9 +14,9 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator
 
 _COMPLEX_PARTS = {np.dtype(np.complex64): np.float32, np.dtype(np.complex128): np.float64}
 
@@ -66,7 +66,7 @@ def swiglu(A, B, *, alpha=1.0):
     a, b = jnp.asarray(A), jnp.asarray(B)
     if a.shape != b.shape:
         raise ShapeError(f"SwiGLU: A {a.shape} and B {b.shape} must have the same shape")
-    dtype = accumulator(a.dtype) or a.dtype
+    dtype = accumulation_dtype(a.dtype)
     gate = a.astype(dtype)
     y = gate * jax.nn.sigmoid(jnp.asarray(alpha, dtype) * gate) * b.astype(dtype)
     return y.astype(a.dtype)
@@ -114,7 +114,7 @@ def _negative_log_likelihood(op_type, log_prob, target, weight, ignore_index, re
 def negative_log_likelihood_loss(x, target, weight=None, *, ignore_index=None, reduction="mean"):
     """ONNX NegativeLogLikelihoodLoss-12..22: -input[n, target[n], ...] * weight[target]."""
     x = jnp.asarray(x)
-    dtype = accumulator(x.dtype) or x.dtype
+    dtype = accumulation_dtype(x.dtype)
     loss = _negative_log_likelihood(
         "NegativeLogLikelihoodLoss", x.astype(dtype), target, weight, ignore_index, reduction
     )
@@ -129,7 +129,7 @@ def softmax_cross_entropy_loss(
     scores = jnp.asarray(scores)
     if scores.ndim < 2:
         raise ShapeError(f"SoftmaxCrossEntropyLoss: scores must be (N, C, ...), got {scores.shape}")
-    dtype = accumulator(scores.dtype) or scores.dtype
+    dtype = accumulation_dtype(scores.dtype)
     log_prob = jax.nn.log_softmax(scores.astype(dtype), axis=1)
     loss = _negative_log_likelihood(
         "SoftmaxCrossEntropyLoss", log_prob, labels, weights, ignore_index, reduction

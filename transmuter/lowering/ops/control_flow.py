@@ -20,7 +20,7 @@ import numpy as np
 
 from transmuter.errors import HostValueNeeded, ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.shape import check_size
+from transmuter.lowering.shared import check_size, normalize_axis
 
 _ALL_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 
@@ -245,12 +245,6 @@ def _while_loop(ctx, body, max_trip_count, cond, carried: Sequence[Any]) -> tupl
     return tuple(final)
 
 
-def _axis(axis: int, rank: int, what: str) -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
-    return axis % rank
-
-
 def _per_value(values: Sequence[int] | None, count: int, what: str) -> list[int]:
     if values is None:
         return [0] * count
@@ -302,7 +296,7 @@ def scan(
 
     xs = []
     for j, (x, axis, reverse) in enumerate(zip(values[n:], in_axes, in_dirs, strict=True)):
-        x = jnp.moveaxis(x, _axis(axis, np.ndim(x), f"scan_input_axes[{j}]"), 0)
+        x = jnp.moveaxis(x, normalize_axis(axis, np.ndim(x), f"scan_input_axes[{j}]"), 0)
         xs.append(jnp.flip(x, 0) if reverse else x)
     lengths = {x.shape[0] for x in xs}
     if len(lengths) != 1:
@@ -318,7 +312,7 @@ def scan(
     outputs = []
     for j, (y, axis, reverse) in enumerate(zip(stacked, out_axes, out_dirs, strict=True)):
         y = jnp.flip(y, 0) if reverse else y  # prepending reverses the iteration order
-        outputs.append(jnp.moveaxis(y, 0, _axis(axis, y.ndim, f"scan_output_axes[{j}]")))
+        outputs.append(jnp.moveaxis(y, 0, normalize_axis(axis, y.ndim, f"scan_output_axes[{j}]")))
     return (*final, *outputs)
 
 

@@ -13,45 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-
-_HALF = (jnp.float16, jnp.bfloat16)
-AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-
-
-def accumulator(dtype) -> np.dtype | None:
-    """The type to accumulate a product or sum of `dtype` in: float32 for half precision."""
-    return np.dtype(np.float32) if np.dtype(dtype) in _HALF else None
-
-
-def spatial_attrs(
-    op_type: str, rank: int, strides, dilations, pads, auto_pad: str
-) -> tuple[tuple, tuple, tuple]:
-    """Strides, dilations and (begin, end) pads per spatial axis, defaults filled in and checked."""
-    if auto_pad not in AUTO_PADS:
-        raise ValueError(f"{op_type}: auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
-    strides = tuple(strides) if strides is not None else (1,) * rank
-    dilations = tuple(dilations) if dilations is not None else (1,) * rank
-    pads = tuple(pads) if pads is not None else (0,) * (2 * rank)
-    for name, value, size in (
-        ("strides", strides, rank),
-        ("dilations", dilations, rank),
-        ("pads", pads, 2 * rank),
-    ):
-        if len(value) != size:
-            raise ShapeError(
-                f"{op_type}: {name} has {len(value)} values, expected {size} for {rank} spatial axes"
-            )
-    return strides, dilations, tuple(zip(pads[:rank], pads[rank:], strict=True))
-
-
-def same_pads(size, window: int, stride: int, upper: bool) -> tuple:
-    """(begin, end) pads that make the output `ceil(size / stride)` long (SAME_UPPER/LOWER)."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + window - size, 0)
-    small = total // 2
-    return (small, total - small) if upper else (total - small, small)
+from transmuter.lowering.shared import same_pads, spatial_attrs
 
 
 def _check_kernel(op_type: str, w, kernel_shape) -> None:
@@ -113,7 +78,7 @@ def conv(
         padding=padding,
         rhs_dilation=dilations,
         feature_group_count=group,
-        preferred_element_type=accumulator(x.dtype),
+        preferred_element_type=accumulation_dtype(x.dtype),
     )
     return _add_bias(y, b, x.dtype)
 
@@ -129,7 +94,7 @@ def _depthwise(x, w, strides, dilations, pad_pairs):
     takes about 7x as long through lax.conv_general_dilated as this sum, which XLA fuses into one
     loop. Output channel o reads input channel o // multiplier, as in a grouped convolution.
     """
-    acc = accumulator(x.dtype) or x.dtype
+    acc = accumulation_dtype(x.dtype)
     multiplier = w.shape[0] // x.shape[1]
     padded = jnp.pad(x.astype(acc), ((0, 0), (0, 0), *pad_pairs))
     if multiplier > 1:
@@ -237,7 +202,7 @@ def conv_transpose(
         lhs_dilation=strides,
         rhs_dilation=dilations,
         feature_group_count=group,
-        preferred_element_type=accumulator(x.dtype),
+        preferred_element_type=accumulation_dtype(x.dtype),
     )
     return _add_bias(y, b, x.dtype)
 
@@ -280,7 +245,7 @@ def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activat
     padded = jnp.concatenate([past.astype(x.dtype), x], axis=2)
     # k is a handful of taps (4 in Mamba/DeltaNet): a sum of shifted products fuses into one
     # kernel and, unlike a grouped lax conv, accepts zero channels.
-    acc = accumulator(x.dtype) or x.dtype
+    acc = accumulation_dtype(x.dtype)
     taps = w[:, 0, :].astype(acc)
     y = sum(padded[:, :, j : j + length].astype(acc) * taps[None, :, j, None] for j in range(k))
     if bias is not None:

@@ -17,16 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator, spatial_attrs
+from transmuter.lowering import op, variant
+from transmuter.lowering.shared import spatial_attrs
 
 _ROI_SIZES = "the RoI sizes (with sampling_ratio=0 they decide how many points each bin samples)"
-
-
-def _compute_dtype(dtype) -> np.dtype:
-    """Geometry and sums of half-precision inputs run in float32; others in their own type."""
-    return accumulator(dtype) or np.dtype(dtype)
 
 
 def _divide(numerator, denominator, dtype):
@@ -180,7 +176,7 @@ def _roi_align(
         raise ShapeError(
             f"RoiAlign: batch_indices must lie in [0, {x.shape[0]}), got {batch_indices}"
         )
-    ct = _compute_dtype(x.dtype)
+    ct = accumulation_dtype(x.dtype)
     height, width = x.shape[2], x.shape[3]
     sizes = (output_height, output_width)
 
@@ -257,34 +253,6 @@ def _roi_align(
     return y.astype(x.dtype)
 
 
-@op("RoiAlign", since=10, context=True, may_need_host=_ROI_SIZES)
-def roi_align_v10(
-    ctx,
-    X,
-    rois,
-    batch_indices,
-    *,
-    mode="avg",
-    output_height=1,
-    output_width=1,
-    sampling_ratio=0,
-    spatial_scale=1.0,
-):
-    """ONNX RoiAlign-10: bilinear RoI pooling without the half-pixel shift (output_half_pixel)."""
-    return _roi_align(
-        ctx,
-        X,
-        rois,
-        batch_indices,
-        mode,
-        output_height,
-        output_width,
-        sampling_ratio,
-        spatial_scale,
-        half_pixel=False,
-    )
-
-
 @op("RoiAlign", since=(16, 22), context=True, may_need_host=_ROI_SIZES)
 def roi_align_v16(
     ctx,
@@ -319,6 +287,13 @@ def roi_align_v16(
     )
 
 
+roi_align_v10 = op("RoiAlign", since=10, context=True, may_need_host=_ROI_SIZES)(variant(
+    roi_align_v16, "roi_align_v10",
+    "ONNX RoiAlign-10: bilinear RoI pooling without the half-pixel shift (output_half_pixel).",
+    fixed={"coordinate_transformation_mode": "output_half_pixel"},
+))  # fmt: skip
+
+
 def _round_half_away(v):
     """std::round: halves away from zero. floor(|v| + 0.5) would round 0.49999997 up."""
     whole = jnp.trunc(v)
@@ -335,7 +310,7 @@ def max_roi_pool(X, rois, *, pooled_shape, spatial_scale=1.0):
         raise ShapeError(f"MaxRoiPool: rois must be (num_rois, 5), got shape {np.shape(rois)}")
     if len(pooled_shape) != 2 or min(pooled_shape) < 1:
         raise ValueError(f"MaxRoiPool: pooled_shape must be two positive sizes, got {pooled_shape}")
-    ct = _compute_dtype(x.dtype)
+    ct = accumulation_dtype(x.dtype)
     r = jnp.asarray(rois).astype(ct)
     # ONNX Runtime (like Caffe) rounds the scaled corners half away from zero, makes every RoI
     # at least one pixel, and spreads it over bins with floor/ceil edges clamped to the image.
@@ -419,7 +394,7 @@ def deform_conv(
         raise ShapeError(
             f"DeformConv: mask must be {(n, offset_group * taps) + out}, got {np.shape(mask)}"
         )
-    ct = _compute_dtype(x.dtype)
+    ct = accumulation_dtype(x.dtype)
     places = math.prod(out)
     # Unshifted sampling positions, (taps, rank, places): output position * stride - pad begin
     # + kernel tap * dilation.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -21,29 +20,16 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.shape import array_module, on_host
+from transmuter.lowering.shared import (
+    array_module,
+    broadcast_unidirectional,
+    on_host,
+    snake_case,
+)
 from transmuter.lowering.symbolic import cast_dims, divide_dims, max_dims, min_dims
-
-_HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def accumulation_dtype(dtype, *, real: bool = False) -> np.dtype:
-    """The type to compute sums, products, norms and softmax in: float32 for float16/bfloat16
-    (rounded back once at the end); float64 for integers when the result is real-valued (`real`,
-    e.g. a log or a square root, truncated back); the input type otherwise."""
-    dtype = np.dtype(dtype)
-    if dtype in _HALF:
-        return np.dtype(np.float32)
-    if real and not dtypes.is_float(dtype):
-        return np.dtype(np.float64)
-    return dtype
-
-
-def snake_case(op_type: str) -> str:
-    """A Python name for an operator's lowering: "BitwiseAnd" -> "bitwise_and"."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", op_type).lower()
 
 
 def _is_int(dtype) -> bool:
@@ -70,17 +56,6 @@ def _numpy_on_host(fn, host_fn):
         return host_fn(*xs) if on_host(*xs) else fn(*xs)
 
     return either
-
-
-def _unidirectional(value, shape, what: str):
-    """`value` broadcast to `shape`, which it may not change (ONNX unidirectional broadcasting)."""
-    try:
-        return jnp.broadcast_to(value, shape)
-    except ValueError:
-        raise ShapeError(
-            f"{what} of shape {list(value.shape)} is not unidirectionally broadcastable to "
-            f"{list(shape)}"
-        ) from None
 
 
 # ----------------------------------------------------------------------------------- unary
@@ -208,7 +183,7 @@ def _legacy_broadcast(A, B, broadcast: int, axis):
                 f"{list(A.shape)}"
             )
         B = jnp.reshape(B, tuple(B.shape) + (1,) * (A.ndim - start - B.ndim))
-    return _unidirectional(B, A.shape, "B")
+    return broadcast_unidirectional(B, A.shape, "B")
 
 
 def _binary(name: str, fn):
@@ -659,7 +634,7 @@ def prelu_v6(X, slope):
 @op("PRelu", since=(7, 9, 16))
 def prelu(X, slope):
     """ONNX PRelu-7..16: slope * x for x < 0, else x; slope broadcasts onto X."""
-    return jnp.where(X < 0, _unidirectional(slope, X.shape, "slope") * X, X)
+    return jnp.where(X < 0, broadcast_unidirectional(slope, X.shape, "slope") * X, X)
 
 
 @_half_in_float32

@@ -14,9 +14,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator
+from transmuter.lowering import Attribute, op, variant
 
 _F32 = np.float32
 _COORDINATE_MODES = (
@@ -241,33 +241,6 @@ def _resize(
 _HOST = {"roi": "the crop region", "scales": "the output size", "sizes": "the output size"}
 
 
-@op("Resize", since=10, host_inputs={"scales": "the output size"})
-def resize_v10(x, scales, *, mode="nearest"):
-    """ONNX Resize-10: nearest or N-linear resampling by scales, asymmetric coordinates."""
-    return _resize(
-        x,
-        None,
-        scales,
-        None,
-        mode=mode,
-        coordinate_transformation_mode="asymmetric",
-        nearest_mode="legacy",
-    )
-
-
-@op("Resize", since=11, host_inputs=_HOST)
-def resize_v11(
-    x, roi, scales, sizes=None, *, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
-    exclude_outside=0, extrapolation_value=0.0, mode="nearest", nearest_mode="round_prefer_floor",
-):  # fmt: skip
-    """ONNX Resize-11: nearest/linear/cubic resampling to scales or (with empty scales) sizes."""
-    return resize_v13(
-        x, roi, scales, sizes, coordinate_transformation_mode=coordinate_transformation_mode,
-        cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
-        extrapolation_value=extrapolation_value, mode=mode, nearest_mode=nearest_mode,
-    )  # fmt: skip
-
-
 @op("Resize", since=13, host_inputs=_HOST)
 def resize_v13(
     x, roi=None, scales=None, sizes=None, *, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
@@ -299,6 +272,21 @@ def resize_v18(
     )  # fmt: skip
 
 
+resize_v11 = op("Resize", since=11, host_inputs=_HOST)(variant(
+    resize_v13, "resize_v11",
+    "ONNX Resize-11: Resize-13 with roi and scales required (scales empty to use sizes).",
+    required=("roi", "scales"),
+))  # fmt: skip
+resize_v10 = op("Resize", since=10, host_inputs={"scales": "the output size"})(variant(
+    resize_v13, "resize_v10",
+    "ONNX Resize-10: nearest or N-linear resampling by scales, asymmetric coordinates.",
+    required=("scales",),
+    fixed={"roi": None, "sizes": None, "coordinate_transformation_mode": "asymmetric",
+           "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
+           "nearest_mode": "legacy"},
+))  # fmt: skip
+
+
 def _upsample(x, scales, mode):
     if mode not in ("nearest", "linear", "bilinear"):
         raise ValueError(f"Upsample: mode must be nearest or linear, got {mode!r}")
@@ -322,16 +310,16 @@ def upsample_v1(x, *, height_scale, mode="nearest", width_scale):
     return _upsample(x, np.array([1, 1, height_scale, width_scale], _F32), mode)
 
 
-@op("Upsample", since=7)
-def upsample_v7(x, *, mode="nearest", scales):
-    """ONNX Upsample-7: enlarge each axis by the scales attribute."""
-    return _upsample(x, np.asarray(scales, _F32), mode)
-
-
 @op("Upsample", since=9, host_inputs={"scales": "the output size"})
 def upsample_v9(x, scales, *, mode="nearest"):
     """ONNX Upsample-9: enlarge each axis by the scales input."""
     return _upsample(x, scales, mode)
+
+
+upsample_v7 = op("Upsample", since=7)(variant(
+    upsample_v9, "upsample_v7", "ONNX Upsample-7: enlarge each axis by the scales attribute.",
+    attributes={"scales": Attribute("scales", dtype=_F32)},
+))  # fmt: skip
 
 
 def _grid_compute_dtype(x, grid) -> np.dtype:
@@ -456,7 +444,7 @@ def affine_grid(theta, size, *, align_corners=0):
             f"AffineGrid: theta (N, 2, 3) goes with size (N, C, H, W) and (N, 3, 4) with (N, C, D, H, W); "
             f"got {theta.shape} and {size}"
         )
-    dtype = accumulator(theta.dtype) or np.dtype(theta.dtype)
+    dtype = accumulation_dtype(theta.dtype)
     axes = []
     for n in size[2:]:
         step = np.arange(n, dtype=np.float64)

@@ -20,7 +20,7 @@ import numpy as np
 
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.shape import array_module, host_module, host_scalar, normalize_axis
+from transmuter.lowering.shared import array_module, host_module, host_scalar, normalize_axis
 
 
 def _wrap(xp, indices, size: int, what: str):

@@ -11,9 +11,10 @@ from collections import Counter
 
 import jax.numpy as jnp
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.elementwise import accumulation_dtype
+from transmuter.lowering import op, variant
+from transmuter.lowering.shared import broadcast_unidirectional
 
 
 @op("MatMul", since=(1, 9, 13))
@@ -49,13 +50,7 @@ def _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c: bool):
             raise ShapeError(
                 f"Gemm C of shape {list(C.shape)} must be {list(y.shape)} unless broadcast=1"
             )
-        try:
-            c = jnp.broadcast_to(C.astype(wide), y.shape)
-        except ValueError:
-            raise ShapeError(
-                f"Gemm C of shape {list(C.shape)} is not unidirectionally broadcastable to "
-                f"{list(y.shape)}"
-            ) from None
+        c = broadcast_unidirectional(C.astype(wide), y.shape, "Gemm C")
         y = y + (c if beta == 1.0 else c * jnp.asarray(beta, dtype=wide))
     return y.astype(A.dtype)
 
@@ -66,16 +61,15 @@ def gemm_v1(A, B, C, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     return _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c=bool(broadcast))
 
 
-@op("Gemm", since=(7, 9))
-def gemm_v7(A, B, C, *, alpha=1.0, beta=1.0, transA=0, transB=0):
-    """ONNX Gemm-7..9: alpha*A'B' + beta*C, C unidirectionally broadcast to (M, N)."""
-    return _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c=True)
-
-
 @op("Gemm", since=(11, 13))
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """ONNX Gemm-11..13: alpha*A'B' + beta*C with optional C, broadcast to (M, N)."""
     return _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c=True)
+
+
+gemm_v7 = op("Gemm", since=(7, 9))(variant(
+    gemm, "gemm_v7", "ONNX Gemm-7..9: Gemm-11 with C required.", required=("C",)
+))  # fmt: skip
 
 
 @op("Einsum", since=(12, 28))

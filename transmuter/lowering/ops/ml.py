@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 
 ML = "ai.onnx.ml"
 
@@ -446,32 +446,6 @@ def _label_encoder(ctx, x, keys, values, defaults, default_tensor=None):
     return _map(ctx, x, keys, values, default)
 
 
-@op("LabelEncoder", since=2, domain=ML, context=True, strings_on_host=True)
-def label_encoder_v2(
-    ctx,
-    X,
-    *,
-    default_float=-0.0,
-    default_int64=-1,
-    default_string="_Unused",
-    keys_floats=None,
-    keys_int64s=None,
-    keys_strings=None,
-    values_floats=None,
-    values_int64s=None,
-    values_strings=None,
-):
-    """ONNX-ML LabelEncoder-2: each element mapped by the parallel keys_*/values_* lists, or
-    the default of the values' type."""
-    return _label_encoder(
-        ctx,
-        X,
-        dict(keys_floats=keys_floats, keys_int64s=keys_int64s, keys_strings=keys_strings),
-        dict(values_floats=values_floats, values_int64s=values_int64s, values_strings=values_strings),
-        {"float": default_float, "int": default_int64, "string": default_string},
-    )  # fmt: skip
-
-
 @op("LabelEncoder", since=4, domain=ML, context=True, strings_on_host=True)
 def label_encoder_v4(
     ctx,
@@ -501,6 +475,15 @@ def label_encoder_v4(
         {"float": default_float, "int": default_int64, "string": default_string},
         default_tensor,
     )  # fmt: skip
+
+
+label_encoder_v2 = op(
+    "LabelEncoder", since=2, domain=ML, context=True, strings_on_host=True
+)(variant(
+    label_encoder_v4, "label_encoder_v2",
+    "ONNX-ML LabelEncoder-2: LabelEncoder-4 without the keys/values/default tensors.",
+    fixed={"default_tensor": None, "keys_tensor": None, "values_tensor": None},
+))  # fmt: skip
 
 
 @op("CategoryMapper", since=1, domain=ML, context=True, strings_on_host=True)

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 from transmuter.lowering.ops.ml import (
     ML,
     TRANSFORM_CODES,
@@ -448,40 +448,6 @@ def _tree_regressor(op_type, X, forest, leaves, n_targets, base, aggregate, post
     return apply_post_transform(op_type, scores, post_transform).astype(jnp.float32)
 
 
-@op("TreeEnsembleRegressor", since=1, domain=ML)
-def tree_ensemble_regressor_v1(
-    X,
-    *,
-    aggregate_function="SUM",
-    base_values=None,
-    n_targets=None,
-    nodes_falsenodeids=None,
-    nodes_featureids=None,
-    nodes_hitrates=None,
-    nodes_missing_value_tracks_true=None,
-    nodes_modes=None,
-    nodes_nodeids=None,
-    nodes_treeids=None,
-    nodes_truenodeids=None,
-    nodes_values=None,
-    post_transform="NONE",
-    target_ids=None,
-    target_nodeids=None,
-    target_treeids=None,
-    target_weights=None,
-):
-    """ONNX-ML TreeEnsembleRegressor-1: TreeEnsembleRegressor-3 without the *_as_tensor forms."""
-    return tree_ensemble_regressor(
-        X, aggregate_function=aggregate_function, base_values=base_values, n_targets=n_targets,
-        nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
-        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true, nodes_modes=nodes_modes,
-        nodes_nodeids=nodes_nodeids, nodes_treeids=nodes_treeids,
-        nodes_truenodeids=nodes_truenodeids, nodes_values=nodes_values,
-        post_transform=post_transform, target_ids=target_ids, target_nodeids=target_nodeids,
-        target_treeids=target_treeids, target_weights=target_weights,
-    )  # fmt: skip
-
-
 @op("TreeEnsembleRegressor", since=3, domain=ML)
 def tree_ensemble_regressor(
     X,
@@ -526,40 +492,12 @@ def tree_ensemble_regressor(
     )
 
 
-@op("TreeEnsembleClassifier", since=1, domain=ML, context=True, strings_on_host=True)
-def tree_ensemble_classifier_v1(
-    ctx,
-    X,
-    *,
-    base_values=None,
-    class_ids=None,
-    class_nodeids=None,
-    class_treeids=None,
-    class_weights=None,
-    classlabels_int64s=None,
-    classlabels_strings=None,
-    nodes_falsenodeids=None,
-    nodes_featureids=None,
-    nodes_hitrates=None,
-    nodes_missing_value_tracks_true=None,
-    nodes_modes=None,
-    nodes_nodeids=None,
-    nodes_treeids=None,
-    nodes_truenodeids=None,
-    nodes_values=None,
-    post_transform="NONE",
-):
-    """ONNX-ML TreeEnsembleClassifier-1: TreeEnsembleClassifier-3 without the *_as_tensor forms."""
-    return tree_ensemble_classifier(
-        ctx, X, base_values=base_values, class_ids=class_ids, class_nodeids=class_nodeids,
-        class_treeids=class_treeids, class_weights=class_weights,
-        classlabels_int64s=classlabels_int64s, classlabels_strings=classlabels_strings,
-        nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
-        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true, nodes_modes=nodes_modes,
-        nodes_nodeids=nodes_nodeids, nodes_treeids=nodes_treeids,
-        nodes_truenodeids=nodes_truenodeids, nodes_values=nodes_values,
-        post_transform=post_transform,
-    )  # fmt: skip
+tree_ensemble_regressor_v1 = op("TreeEnsembleRegressor", since=1, domain=ML)(variant(
+    tree_ensemble_regressor, "tree_ensemble_regressor_v1",
+    "ONNX-ML TreeEnsembleRegressor-1: TreeEnsembleRegressor-3 without the *_as_tensor forms.",
+    fixed={"base_values_as_tensor": None, "nodes_hitrates_as_tensor": None,
+           "nodes_values_as_tensor": None, "target_weights_as_tensor": None},
+))  # fmt: skip
 
 
 @op("TreeEnsembleClassifier", since=3, domain=ML, context=True, strings_on_host=True)
@@ -628,6 +566,16 @@ def tree_ensemble_classifier(
     if labels.dtype == object:
         return labels[np.asarray(best)], scores.astype(jnp.float32)
     return jnp.asarray(labels)[best], scores.astype(jnp.float32)
+
+
+tree_ensemble_classifier_v1 = op(
+    "TreeEnsembleClassifier", since=1, domain=ML, context=True, strings_on_host=True
+)(variant(
+    tree_ensemble_classifier, "tree_ensemble_classifier_v1",
+    "ONNX-ML TreeEnsembleClassifier-1: TreeEnsembleClassifier-3 without the *_as_tensor forms.",
+    fixed={"base_values_as_tensor": None, "class_weights_as_tensor": None,
+           "nodes_hitrates_as_tensor": None, "nodes_values_as_tensor": None},
+))  # fmt: skip
 
 
 def _multiclass(sums, named, base, post_transform, op_type):

@@ -11,14 +11,10 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError, UnsupportedOpError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator
-
-
-def compute_dtype(x) -> np.dtype:
-    """The type statistics of x are computed in: float32 for half-precision x."""
-    return accumulator(x.dtype) or np.dtype(x.dtype)
+from transmuter.lowering import REQUIRED, op, variant
+from transmuter.lowering.shared import broadcast_unidirectional
 
 
 def stash_dtype(op_type: str, stash_type: int) -> np.dtype:
@@ -61,7 +57,7 @@ def _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial=1):
             "training mode (the running or saved statistics outputs) is not supported; "
             "export the model in inference mode",
         )  # fmt: skip
-    dtype = compute_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     if spatial:
         params = [_channel_shaped("BatchNormalization", n, v, x, dtype)
                   for n, v in (("scale", scale), ("B", b), ("mean", mean), ("var", var))]  # fmt: skip
@@ -76,45 +72,24 @@ def _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial=1):
     return y.astype(x.dtype)
 
 
-# Versions 1-6 mark inference with is_test; ONNX Runtime (and exporters, which set is_test=1)
-# treat a node that asks only for Y as inference whatever is_test says, and so does this.
-@op("BatchNormalization", since=1, context=True)
-def batch_normalization_v1(
-    ctx,
-    x,
-    scale,
-    b,
-    mean,
-    var,
-    *,
-    consumed_inputs,
-    epsilon=1e-5,
-    is_test=0,
-    momentum=0.9,
-    spatial=1,
-):
-    """ONNX BatchNormalization-1 in inference mode: (x - mean) / sqrt(var + eps) * scale + B."""
-    return _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial)
-
-
-@op("BatchNormalization", since=6, context=True)
-def batch_normalization_v6(
-    ctx, x, scale, b, mean, var, *, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1
-):
-    """ONNX BatchNormalization-6 in inference mode: (x - mean) / sqrt(var + eps) * scale + B."""
-    return _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial)
-
-
 @op("BatchNormalization", since=7, context=True)
 def batch_normalization_v7(ctx, x, scale, b, mean, var, *, epsilon=1e-5, momentum=0.9, spatial=1):
     """ONNX BatchNormalization-7 in inference mode: (x - mean) / sqrt(var + eps) * scale + B."""
     return _batch_norm(ctx, x, scale, b, mean, var, epsilon, spatial)
 
 
-@op("BatchNormalization", since=9, context=True)
-def batch_normalization_v9(ctx, x, scale, b, mean, var, *, epsilon=1e-5, momentum=0.9):
-    """ONNX BatchNormalization-9 in inference mode: (x - mean) / sqrt(var + eps) * scale + B."""
-    return _batch_norm(ctx, x, scale, b, mean, var, epsilon)
+# Versions 1-6 mark inference with is_test; ONNX Runtime (and exporters, which set is_test=1)
+# treat a node that asks only for Y as inference whatever is_test says, and so does this.
+batch_normalization_v6 = op("BatchNormalization", since=6, context=True)(variant(
+    batch_normalization_v7, "batch_normalization_v6",
+    "ONNX BatchNormalization-6 in inference mode: BatchNormalization-7 plus is_test.",
+    ignored={"is_test": 0},
+))  # fmt: skip
+batch_normalization_v1 = op("BatchNormalization", since=1, context=True)(variant(
+    batch_normalization_v6, "batch_normalization_v1",
+    "ONNX BatchNormalization-1 in inference mode: BatchNormalization-6 plus consumed_inputs.",
+    ignored={"consumed_inputs": REQUIRED},
+))  # fmt: skip
 
 
 @op("BatchNormalization", since=(14, 15), context=True)
@@ -128,13 +103,20 @@ def batch_normalization_v14(
     return _batch_norm(ctx, x, scale, b, input_mean, input_var, epsilon)
 
 
+batch_normalization_v9 = op("BatchNormalization", since=9, context=True)(variant(
+    batch_normalization_v14, "batch_normalization_v9",
+    "ONNX BatchNormalization-9 in inference mode: BatchNormalization-14 without training_mode.",
+    fixed={"training_mode": 0},
+))  # fmt: skip
+
+
 def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
     x = jnp.asarray(x)
     if x.ndim < 2:
         raise ShapeError(f"BatchNormalization: X must be (N, C, ...), got shape {x.shape}")
     # The batch statistics (population variance) are computed in float32 for half inputs, as
     # BatchNormalization-15 asks.
-    dtype = compute_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     axes = (0,) + tuple(range(2, x.ndim))
     wide = x.astype(dtype)
     mean = jnp.mean(wide, axis=axes, keepdims=True)
@@ -145,7 +127,7 @@ def _batch_norm_training(x, scale, b, input_mean, input_var, epsilon, momentum):
     y = centered * (scale * lax.rsqrt(var + jnp.asarray(epsilon, dtype))) + b
     # running_mean and running_var have input_mean's type (U in version 14, T2 in 15).
     stats_dtype = jnp.asarray(input_mean).dtype
-    wide = compute_dtype(jnp.asarray(input_mean))
+    wide = accumulation_dtype(jnp.asarray(input_mean).dtype)
     keep = jnp.asarray(momentum, wide)
     running = []
     for name, given, current in (("input_mean", input_mean, mean), ("input_var", input_var, var)):
@@ -162,20 +144,6 @@ def normalized_axes(op_type: str, x, axis: int) -> tuple[int, ...]:
     return tuple(range(axis % x.ndim, x.ndim))
 
 
-def unidirectional(op_type: str, name: str, value, x):
-    """`value` broadcast to x's shape, refusing a value that would widen x."""
-    value = jnp.asarray(value)
-    try:
-        jnp.broadcast_shapes(value.shape, x.shape)
-    except ValueError:
-        raise ShapeError(
-            f"{op_type}: {name} of shape {value.shape} does not broadcast to X {x.shape}"
-        ) from None
-    if jnp.broadcast_shapes(value.shape, x.shape) != tuple(x.shape):
-        raise ShapeError(f"{op_type}: {name} of shape {value.shape} would broadcast X {x.shape}")
-    return value
-
-
 @op("LayerNormalization", since=17)
 def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """ONNX LayerNormalization-17: standardize axes [axis, rank) in stash_type, then scale and shift."""
@@ -183,12 +151,12 @@ def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1
     axes = normalized_axes("LayerNormalization", x, axis)
     stash = stash_dtype("LayerNormalization", stash_type)
     normalized, mean, inv_std = standardize(x, axes, epsilon, stash)
-    dtype = compute_dtype(x)
-    y = normalized.astype(dtype) * unidirectional("LayerNormalization", "Scale", scale, x).astype(
-        dtype
-    )
+    dtype = accumulation_dtype(x.dtype)
+    y = normalized.astype(dtype) * broadcast_unidirectional(
+        scale, x.shape, "LayerNormalization Scale"
+    ).astype(dtype)
     if b is not None:
-        y = y + unidirectional("LayerNormalization", "B", b, x).astype(dtype)
+        y = y + broadcast_unidirectional(b, x.shape, "LayerNormalization B").astype(dtype)
     return y.astype(x.dtype), mean, inv_std
 
 
@@ -200,7 +168,7 @@ def group_normalize(x, scale, bias, num_groups, epsilon, stash, per_channel: boo
         )
     grouped = x.reshape((x.shape[0], num_groups, -1) + x.shape[2:])
     normalized, _, _ = standardize(grouped, tuple(range(2, grouped.ndim)), epsilon, stash)
-    dtype = compute_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     normalized = normalized.astype(dtype)
     if per_channel:
         normalized = normalized.reshape(x.shape)
@@ -222,7 +190,9 @@ def group_normalize(x, scale, bias, num_groups, epsilon, stash, per_channel: boo
 def group_normalization_v18(x, scale, bias, *, epsilon=1e-5, num_groups):
     """ONNX GroupNormalization-18: normalize per group of channels; scale and bias per group."""
     x = jnp.asarray(x)
-    return group_normalize(x, scale, bias, num_groups, epsilon, compute_dtype(x), per_channel=False)
+    return group_normalize(
+        x, scale, bias, num_groups, epsilon, accumulation_dtype(x.dtype), per_channel=False
+    )
 
 
 @op("GroupNormalization", since=21)
@@ -238,16 +208,10 @@ def _instance_norm(x, scale, b, epsilon):
         raise ShapeError(
             f"InstanceNormalization: input must be (N, C, D1, ...), got shape {x.shape}"
         )
-    dtype = compute_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     normalized, _, _ = standardize(x, tuple(range(2, x.ndim)), epsilon, dtype)
     y = normalized * _channel_shaped("InstanceNormalization", "scale", scale, x, dtype)
     return (y + _channel_shaped("InstanceNormalization", "B", b, x, dtype)).astype(x.dtype)
-
-
-@op("InstanceNormalization", since=1)
-def instance_normalization_v1(x, scale, b, *, consumed_inputs=None, epsilon=1e-5):
-    """ONNX InstanceNormalization-1: normalize each (n, c) over the spatial axes."""
-    return _instance_norm(x, scale, b, epsilon)
 
 
 @op("InstanceNormalization", since=(6, 22))
@@ -256,12 +220,19 @@ def instance_normalization_v6(x, scale, b, *, epsilon=1e-5):
     return _instance_norm(x, scale, b, epsilon)
 
 
+instance_normalization_v1 = op("InstanceNormalization", since=1)(variant(
+    instance_normalization_v6, "instance_normalization_v1",
+    "ONNX InstanceNormalization-1: InstanceNormalization-6 plus consumed_inputs.",
+    ignored={"consumed_inputs": None},
+))  # fmt: skip
+
+
 @op("MeanVarianceNormalization", since=(9, 13))
 def mean_variance_normalization(x, *, axes=(0, 2, 3)):
     """ONNX MeanVarianceNormalization-9..13: (X - E[X]) / (sqrt(Var[X]) + 1e-9) over axes."""
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
-    data = x.astype(compute_dtype(x))
+    data = x.astype(accumulation_dtype(x.dtype))
     mean = jnp.mean(data, axis=axes, keepdims=True)
     centered = data - mean
     # The function body computes E[X^2] - E[X]^2; the centered form is the same value without
@@ -276,7 +247,7 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
     x = jnp.asarray(x)
     if x.ndim < 2:
         raise ShapeError(f"LRN: X must be (N, C, ...), got shape {x.shape}")
-    data = x.astype(compute_dtype(x))
+    data = x.astype(accumulation_dtype(x.dtype))
     before = (size - 1) // 2
     square_sum = lax.reduce_window(
         data * data,
@@ -296,7 +267,7 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
 def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     """ONNX RMSNormalization-23: x / sqrt(mean(x^2) + eps) over axes [axis, rank), times scale."""
     x = jnp.asarray(x)
-    scale = unidirectional("RMSNormalization", "scale", scale, x)
+    scale = broadcast_unidirectional(scale, x.shape, "RMSNormalization scale")
     axes = normalized_axes("RMSNormalization", x, axis)
     data = x.astype(stash_dtype("RMSNormalization", stash_type))
     normalized = data * lax.rsqrt(

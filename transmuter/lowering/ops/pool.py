@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import accumulator, same_pads, spatial_attrs
+from transmuter.lowering import op, variant
+from transmuter.lowering.shared import same_pads, spatial_attrs
 
 
 class _Windows:
@@ -203,7 +204,7 @@ def max_pool_v10(
 def _average_pool(x, count_include_pad, **geometry):
     x = jnp.asarray(x)
     windows = _Windows("AveragePool", x, **geometry)
-    dtype = accumulator(x.dtype) or x.dtype
+    dtype = accumulation_dtype(x.dtype)
     total = windows.reduce(x.astype(dtype), np.array(0, dtype), lax.add)
     counts = windows.counts(x.shape[2:], bool(count_include_pad), dtype)
     return (total / counts).astype(x.dtype)
@@ -254,7 +255,7 @@ def average_pool_v19(
 def _lp(x, p, reduce):
     """(sum |x|^p)^(1/p) with `reduce` doing the sum, in float32 for half precision."""
     x = jnp.asarray(x)
-    dtype = accumulator(x.dtype) or x.dtype
+    dtype = accumulation_dtype(x.dtype)
     magnitude = jnp.abs(x.astype(dtype))
     if p == 1:
         return reduce(magnitude, dtype).astype(x.dtype)
@@ -303,7 +304,7 @@ def global_average_pool(x):
     """ONNX GlobalAveragePool-1..22: mean over all spatial axes, kept as size 1."""
     x = jnp.asarray(x)
     axes = _spatial_axes("GlobalAveragePool", x)
-    return jnp.mean(x, axis=axes, keepdims=True, dtype=accumulator(x.dtype)).astype(x.dtype)
+    return jnp.mean(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype)).astype(x.dtype)
 
 
 @op("GlobalMaxPool", since=(1, 22))
@@ -319,16 +320,16 @@ def _global_lp_pool(x, p):
     return _lp(x, p, lambda v, dtype: jnp.sum(v, axis=axes, keepdims=True, dtype=dtype))
 
 
-@op("GlobalLpPool", since=1)
-def global_lp_pool_v1(x, *, p=2.0):
-    """ONNX GlobalLpPool-1: Lp norm over all spatial axes, float p."""
-    return _global_lp_pool(x, p)
-
-
 @op("GlobalLpPool", since=(2, 22))
 def global_lp_pool_v2(x, *, p=2):
     """ONNX GlobalLpPool-2..22: Lp norm over all spatial axes."""
     return _global_lp_pool(x, p)
+
+
+global_lp_pool_v1 = op("GlobalLpPool", since=1)(variant(
+    global_lp_pool_v2, "global_lp_pool_v1", "ONNX GlobalLpPool-1: as GlobalLpPool-2, float p.",
+    defaults={"p": 2.0},
+))  # fmt: skip
 
 
 @op("MaxUnpool", since=(9, 11, 22), host_inputs={"output_shape": "the output shape"})

@@ -17,8 +17,8 @@ from jax import lax
 
 from transmuter import dtypes
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.conv import same_pads, spatial_attrs
+from transmuter.lowering import op, variant
+from transmuter.lowering.shared import normalize_axis, same_pads, spatial_attrs
 
 # Integer quantized types -> (lowest, highest) value, for saturation.
 INT_RANGES = {
@@ -45,12 +45,6 @@ _ONNX_FLOAT = dtypes.to_onnx(_F32)
 _HALVES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
-def _axis(axis: int, rank: int, op_type: str) -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{op_type}: axis {axis} is out of range for an input of rank {rank}")
-    return axis % rank
-
-
 def _granular(value, shape, axis: int, block_size: int, what: str):
     """`value` (a scale or zero point) made broadcastable to `shape`: a scalar (per tensor), a
     1-D tensor along `axis` (per axis), or with `block_size`, one entry per block along `axis`."""
@@ -58,7 +52,7 @@ def _granular(value, shape, axis: int, block_size: int, what: str):
     if value.size == 1:
         return value.reshape(())
     rank = len(shape)
-    axis = _axis(axis, rank, what)
+    axis = normalize_axis(axis, rank, f"{what}: axis")
     if block_size < 0:
         raise ValueError(f"{what}: block_size must be positive, got {block_size}")
     if not block_size:
@@ -213,36 +207,6 @@ def quantize_linear_v10(x, y_scale, y_zero_point=None):
     )
 
 
-@op("QuantizeLinear", since=13)
-def quantize_linear_v13(x, y_scale, y_zero_point=None, *, axis=1):
-    """ONNX QuantizeLinear-13: per-tensor or per-axis, to int8/uint8."""
-    return _quantize(
-        x,
-        y_scale,
-        y_zero_point,
-        axis=axis,
-        block_size=0,
-        saturate=1,
-        target=_output_type(y_zero_point, 0),
-        precision=0,
-    )
-
-
-@op("QuantizeLinear", since=19)
-def quantize_linear_v19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
-    """ONNX QuantizeLinear-19: adds float8 targets with `saturate`, and half-precision inputs."""
-    return _quantize(
-        x,
-        y_scale,
-        y_zero_point,
-        axis=axis,
-        block_size=0,
-        saturate=saturate,
-        target=_output_type(y_zero_point, 0),
-        precision=_before_23(y_scale),
-    )
-
-
 @op("QuantizeLinear", since=21)
 def quantize_linear_v21(
     x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1
@@ -258,6 +222,13 @@ def quantize_linear_v21(
         target=_output_type(y_zero_point, output_dtype),
         precision=_before_23(y_scale),
     )
+
+
+quantize_linear_v19 = op("QuantizeLinear", since=19)(variant(
+    quantize_linear_v21, "quantize_linear_v19",
+    "ONNX QuantizeLinear-19: adds float8 targets with `saturate`, and half-precision inputs.",
+    fixed={"block_size": 0, "output_dtype": 0},
+))  # fmt: skip
 
 
 @op("QuantizeLinear", since=(23, 24, 25, 28))
@@ -284,6 +255,14 @@ def quantize_linear_v23(
         target=_output_type(y_zero_point, output_dtype),
         precision=precision,
     )
+
+
+# From 23, not 19: 13's scales are float32, the type it divides in (precision 0).
+quantize_linear_v13 = op("QuantizeLinear", since=13)(variant(
+    quantize_linear_v23, "quantize_linear_v13",
+    "ONNX QuantizeLinear-13: per-tensor or per-axis, to int8/uint8.",
+    fixed={"block_size": 0, "output_dtype": 0, "precision": 0, "saturate": 1},
+))  # fmt: skip
 
 
 def _dequantize(x, x_scale, x_zero_point, *, axis, block_size, output):
@@ -324,32 +303,6 @@ def dequantize_linear_v10(x, x_scale, x_zero_point=None):
     )
 
 
-@op("DequantizeLinear", since=(13, 19))
-def dequantize_linear_v13(x, x_scale, x_zero_point=None, *, axis=1):
-    """ONNX DequantizeLinear-13/19: per-tensor or per-axis; 19 adds float8 and half scales."""
-    return _dequantize(
-        x,
-        x_scale,
-        x_zero_point,
-        axis=axis,
-        block_size=0,
-        output=np.dtype(jnp.asarray(x_scale).dtype),
-    )
-
-
-@op("DequantizeLinear", since=21)
-def dequantize_linear_v21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
-    """ONNX DequantizeLinear-21: adds blocked quantization and (u)int16/(u)int4 inputs."""
-    return _dequantize(
-        x,
-        x_scale,
-        x_zero_point,
-        axis=axis,
-        block_size=block_size,
-        output=np.dtype(jnp.asarray(x_scale).dtype),
-    )
-
-
 @op("DequantizeLinear", since=(23, 24, 25, 28))
 def dequantize_linear_v23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
     """ONNX DequantizeLinear-23..28: output_dtype; float4e2m1 (23), float8e8m0 scales (24),
@@ -358,6 +311,18 @@ def dequantize_linear_v23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0
         dtypes.from_onnx(output_dtype) if output_dtype else np.dtype(jnp.asarray(x_scale).dtype)
     )
     return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output=output)
+
+
+dequantize_linear_v21 = op("DequantizeLinear", since=21)(variant(
+    dequantize_linear_v23, "dequantize_linear_v21",
+    "ONNX DequantizeLinear-21: adds blocked quantization and (u)int16/(u)int4 inputs.",
+    fixed={"output_dtype": 0},
+))  # fmt: skip
+dequantize_linear_v13 = op("DequantizeLinear", since=(13, 19))(variant(
+    dequantize_linear_v21, "dequantize_linear_v13",
+    "ONNX DequantizeLinear-13/19: per-tensor or per-axis; 19 adds float8 and half scales.",
+    fixed={"block_size": 0},
+))  # fmt: skip
 
 
 @op("DynamicQuantizeLinear", since=11)

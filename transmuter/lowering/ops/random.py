@@ -1,7 +1,8 @@
-"""Random operators: RandomNormal, RandomUniform, their -Like forms, Bernoulli and Multinomial.
+"""Random operators: RandomNormal, RandomUniform, their -Like forms, Bernoulli, Multinomial and
+Dropout (identity at inference; a random mask in training mode).
 
-Every op here is registered `random=True`, so the interpreter never folds it on the host, and
-`context=True` for the key. A node without a `seed` attribute draws from `ctx.next_key()`, a key
+Every op here that draws is registered `random=True` (Dropout before opset 12 never does), so
+the interpreter never folds it on the host, and `context=True` for the key. A node without a `seed` attribute draws from `ctx.next_key()`, a key
 split from the one passed to `transmuter.run(..., key=...)`, so each call (and each node) gets
 fresh values. A node with a `seed` derives its key from the seed alone and draws the same values
 on every call. ONNX stores seeds as floats; `int(seed)` truncates toward zero (as onnx.reference
@@ -23,6 +24,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import ShapeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import op
+from transmuter.lowering.shared import host_scalar
 
 _FLOATS = frozenset(dtypes.from_onnx(code) for code in (1, 10, 11, 16))
 # Bernoulli's T2: the float types, every integer type and bool.
@@ -157,3 +159,79 @@ def multinomial(ctx, input, *, dtype=6, sample_size=1, seed=None):
     noise = jax.random.gumbel(node_key(ctx, seed), (batch, sample_size, classes), compute)
     samples = lax.argmax(noise + logits.astype(compute)[:, None, :], 2, np.int32)
     return samples.astype(out)
+
+
+# ------------------------------------------------------------------------------------ dropout
+
+
+def _dropout_inference(ctx, data, mask_dtype):
+    if not ctx.wants(1):
+        return data
+    return data, jnp.ones(data.shape, dtype=mask_dtype)
+
+
+def _no_training(ctx, ratio):
+    """Training-mode dropout draws a random mask: only ratio 0 (which drops nothing) is allowed."""
+    if isinstance(ratio, jax.core.Tracer) or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+        node = ctx.node
+        raise UnsupportedOpError(
+            node.domain,
+            node.op_type,
+            ctx.opset,
+            node.label,
+            "training-mode dropout is not supported yet (only with ratio 0); export the model "
+            "for inference or set training_mode to false",
+        )
+
+
+@op("Dropout", since=1, context=True)
+def dropout_v1(ctx, data, *, consumed_inputs=None, is_test=0, ratio=0.5):
+    """ONNX Dropout-1: identity in test mode (is_test=1); the mask is all ones."""
+    if not is_test:
+        _no_training(ctx, ratio)
+    return _dropout_inference(ctx, data, data.dtype)
+
+
+@op("Dropout", since=6, context=True)
+def dropout_v6(ctx, data, *, is_test=0, ratio=0.5):
+    """ONNX Dropout-6: identity in test mode (is_test=1); the mask is all ones."""
+    if not is_test:
+        _no_training(ctx, ratio)
+    return _dropout_inference(ctx, data, data.dtype)
+
+
+@op("Dropout", since=7, context=True)
+def dropout_v7(ctx, data, *, ratio=0.5):
+    """ONNX Dropout-7: inference identity; the mask (of the data type) is all ones."""
+    return _dropout_inference(ctx, data, data.dtype)
+
+
+@op("Dropout", since=10, context=True)
+def dropout_v10(ctx, data, *, ratio=0.5):
+    """ONNX Dropout-10: inference identity; the bool mask is all true."""
+    return _dropout_inference(ctx, data, jnp.bool_)
+
+
+@op(
+    "Dropout",
+    since=(12, 13, 22),
+    host_inputs={"training_mode": "whether dropout is active"},
+    context=True,
+    random=True,
+)
+def dropout_v12(ctx, data, ratio=None, training_mode=None, *, seed=None):
+    """ONNX Dropout-12..22: identity unless training_mode is true; then each element is zeroed
+    with probability `ratio` and the others are scaled by 1 / (1 - ratio)."""
+    if training_mode is None or not bool(host_scalar(training_mode, "Dropout training_mode")):
+        return _dropout_inference(ctx, data, jnp.bool_)
+    if ratio is None:
+        ratio = np.float32(0.5)
+    if not isinstance(ratio, jax.core.Tracer) and float(host_scalar(ratio, "Dropout ratio")) == 0:
+        return _dropout_inference(ctx, data, jnp.bool_)  # drops nothing, so needs no key
+    # Half types draw and scale in float32 and round once.
+    compute = np.dtype(np.float64 if data.dtype == np.float64 else np.float32)
+    ratio = jnp.asarray(ratio).reshape(()).astype(compute)
+    keep = jax.random.uniform(node_key(ctx, seed), data.shape, compute) >= ratio
+    # A ratio of 1 keeps nothing: where() gives zeros rather than 0 * inf.
+    output = jnp.where(keep, data.astype(compute) * (1 / (1 - ratio)), 0).astype(data.dtype)
+    return (output, keep) if ctx.wants(1) else output

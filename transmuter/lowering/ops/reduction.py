@@ -17,10 +17,10 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.elementwise import accumulation_dtype, snake_case
-from transmuter.lowering.ops.shape import host_ints, host_scalar, normalize_axis
+from transmuter.lowering import Attribute, op, variant
+from transmuter.lowering.shared import host_ints, host_scalar, normalize_axis, snake_case
 
 # -------------------------------------------------------------------------------- Reduce*
 
@@ -159,28 +159,26 @@ def _arg(fn, data, axis: int, keepdims: int, select_last_index: int):
     return fn(data, axis=axis, keepdims=bool(keepdims)).astype(jnp.int64)
 
 
-@op("ArgMax", since=(1, 11))
-def arg_max_v1(data, *, axis=0, keepdims=1):
-    """ONNX ArgMax-1..11: int64 index of the first maximum along `axis`."""
-    return _arg(jnp.argmax, data, axis, keepdims, 0)
-
-
 @op("ArgMax", since=(12, 13))
 def arg_max(data, *, axis=0, keepdims=1, select_last_index=0):
     """ONNX ArgMax-12..13: int64 index of the first (or last) maximum along `axis`."""
     return _arg(jnp.argmax, data, axis, keepdims, select_last_index)
 
 
-@op("ArgMin", since=(1, 11))
-def arg_min_v1(data, *, axis=0, keepdims=1):
-    """ONNX ArgMin-1..11: int64 index of the first minimum along `axis`."""
-    return _arg(jnp.argmin, data, axis, keepdims, 0)
-
-
 @op("ArgMin", since=(12, 13))
 def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
     """ONNX ArgMin-12..13: int64 index of the first (or last) minimum along `axis`."""
     return _arg(jnp.argmin, data, axis, keepdims, select_last_index)
+
+
+arg_max_v1 = op("ArgMax", since=(1, 11))(variant(
+    arg_max, "arg_max_v1", "ONNX ArgMax-1..11: int64 index of the first maximum along `axis`.",
+    fixed={"select_last_index": 0},
+))  # fmt: skip
+arg_min_v1 = op("ArgMin", since=(1, 11))(variant(
+    arg_min, "arg_min_v1", "ONNX ArgMin-1..11: int64 index of the first minimum along `axis`.",
+    fixed={"select_last_index": 0},
+))  # fmt: skip
 
 
 # ------------------------------------------------------------------ Softmax, LogSoftmax, Hardmax
@@ -282,24 +280,22 @@ def _top_k(X, k: int, axis: int, largest: int):
     return jnp.take_along_axis(X, indices, axis=axis), indices.astype(jnp.int64)
 
 
-@op("TopK", since=1)
-def top_k_v1(X, *, axis=-1, k):
-    """ONNX TopK-1: the k largest values along `axis` and their int64 indices."""
-    return _top_k(X, k, axis, largest=1)
-
-
-@op("TopK", since=10, host_inputs={"K": "the number of elements to keep"})
-def top_k_v10(X, K, *, axis=-1):
-    """ONNX TopK-10: the K largest values along `axis` and their int64 indices."""
-    return _top_k(X, int(host_scalar(K, "K")), axis, largest=1)
-
-
 @op("TopK", since=(11, 24), host_inputs={"K": "the number of elements to keep"})
 def top_k(X, K, *, axis=-1, largest=1, sorted=1):
     """ONNX TopK-11..24: the K largest (or smallest) values along `axis`, sorted, with int64
     indices; ties keep the lower index first."""
     # sorted=0 leaves the order unspecified; the sorted order is one valid answer.
     return _top_k(X, int(host_scalar(K, "K")), axis, largest)
+
+
+top_k_v10 = op("TopK", since=10, host_inputs={"K": "the number of elements to keep"})(variant(
+    top_k, "top_k_v10", "ONNX TopK-10: the K largest values along `axis` and their int64 indices.",
+    fixed={"largest": 1, "sorted": 1},
+))  # fmt: skip
+top_k_v1 = op("TopK", since=1)(variant(
+    top_k_v10, "top_k_v1", "ONNX TopK-1: TopK-10 with K the attribute k.",
+    attributes={"K": Attribute("k")},
+))  # fmt: skip
 
 
 # ------------------------------------------------------------------------- LpNormalization

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 
 _REQUIRED = object()
 
@@ -360,55 +360,13 @@ def rnn_v14(
     )  # fmt: skip
 
 
-@op("RNN", since=7, context=True)
-def rnn_v7(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=("Tanh", "Tanh"),
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-):
-    """ONNX RNN-7: Ht = f(Xt·Wᵀ + Ht-1·Rᵀ + Wb + Rb), sequence first."""
-    return rnn_v14(
-        ctx, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
-        activation_beta=activation_beta, activations=activations, clip=clip,
-        direction=direction, hidden_size=hidden_size,
-    )  # fmt: skip
-
-
-@op("RNN", since=1, context=True)
-def rnn_v1(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=("Tanh", "Tanh"),
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-    output_sequence=0,
-):
-    """ONNX RNN-1: as RNN-7, plus output_sequence (Y optional when 0)."""
-    return rnn_v7(
-        ctx, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
-        activation_beta=activation_beta, activations=activations, clip=clip,
-        direction=direction, hidden_size=hidden_size,
-    )  # fmt: skip
+rnn_v7 = op("RNN", since=7, context=True)(variant(
+    rnn_v14, "rnn_v7", "ONNX RNN-7: RNN-14 without layout (sequence first).", fixed={"layout": 0},
+))  # fmt: skip
+rnn_v1 = op("RNN", since=1, context=True)(variant(
+    rnn_v7, "rnn_v1", "ONNX RNN-1: RNN-7 plus output_sequence (Y optional when 0).",
+    ignored={"output_sequence": 0},
+))  # fmt: skip
 
 
 @op("GRU", since=(14, 22), context=True)
@@ -439,57 +397,13 @@ def gru_v14(
     )  # fmt: skip
 
 
-@op("GRU", since=7, context=True)
-def gru_v7(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=None,
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-    linear_before_reset=0,
-):
-    """ONNX GRU-7: update/reset/hidden gates (zrh), sequence first."""
-    return gru_v14(
-        ctx, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
-        activation_beta=activation_beta, activations=activations, clip=clip,
-        direction=direction, hidden_size=hidden_size, linear_before_reset=linear_before_reset,
-    )  # fmt: skip
-
-
-@op("GRU", since=3, context=True)
-def gru_v3(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=None,
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-    linear_before_reset=0,
-    output_sequence=0,
-):
-    """ONNX GRU-3: as GRU-7, plus output_sequence (Y optional when 0)."""
-    return gru_v7(
-        ctx, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
-        activation_beta=activation_beta, activations=activations, clip=clip,
-        direction=direction, hidden_size=hidden_size, linear_before_reset=linear_before_reset,
-    )  # fmt: skip
+gru_v7 = op("GRU", since=7, context=True)(variant(
+    gru_v14, "gru_v7", "ONNX GRU-7: GRU-14 without layout (sequence first).", fixed={"layout": 0},
+))  # fmt: skip
+gru_v3 = op("GRU", since=3, context=True)(variant(
+    gru_v7, "gru_v3", "ONNX GRU-3: GRU-7 plus output_sequence (Y optional when 0).",
+    ignored={"output_sequence": 0},
+))  # fmt: skip
 
 
 @op("GRU", since=1, context=True)
@@ -550,60 +464,11 @@ def lstm_v14(
     )  # fmt: skip
 
 
-@op("LSTM", since=7, context=True)
-def lstm_v7(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    initial_c=None,
-    P=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=None,
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-    input_forget=0,
-):
-    """ONNX LSTM-7: input/output/forget/cell gates (iofc), peepholes P, sequence first."""
-    return lstm_v14(
-        ctx, X, W, R, B, sequence_lens, initial_h, initial_c, P,
-        activation_alpha=activation_alpha, activation_beta=activation_beta,
-        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
-        input_forget=input_forget,
-    )  # fmt: skip
-
-
-@op("LSTM", since=1, context=True)
-def lstm_v1(
-    ctx,
-    X,
-    W,
-    R,
-    B=None,
-    sequence_lens=None,
-    initial_h=None,
-    initial_c=None,
-    P=None,
-    *,
-    activation_alpha=None,
-    activation_beta=None,
-    activations=None,
-    clip=None,
-    direction="forward",
-    hidden_size=None,
-    input_forget=0,
-    output_sequence=0,
-):
-    """ONNX LSTM-1: as LSTM-7, plus output_sequence (Y optional when 0)."""
-    return lstm_v7(
-        ctx, X, W, R, B, sequence_lens, initial_h, initial_c, P,
-        activation_alpha=activation_alpha, activation_beta=activation_beta,
-        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
-        input_forget=input_forget,
-    )  # fmt: skip
+lstm_v7 = op("LSTM", since=7, context=True)(variant(
+    lstm_v14, "lstm_v7", "ONNX LSTM-7: LSTM-14 without layout (sequence first).",
+    fixed={"layout": 0},
+))  # fmt: skip
+lstm_v1 = op("LSTM", since=1, context=True)(variant(
+    lstm_v7, "lstm_v1", "ONNX LSTM-1: LSTM-7 plus output_sequence (Y optional when 0).",
+    ignored={"output_sequence": 0},
+))  # fmt: skip

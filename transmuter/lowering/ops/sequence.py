@@ -14,7 +14,7 @@ import numpy as np
 
 from transmuter import dtypes
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 
 
 def _sequence(value: Any, what: str) -> list:
@@ -150,16 +150,17 @@ def optional(input=None, *, type=None):
     return input
 
 
-@op("OptionalHasElement", since=15)
-def optional_has_element_v15(input):
-    """ONNX OptionalHasElement-15: whether the optional holds a value (a host bool)."""
-    return np.array(input is not None)
-
-
 @op("OptionalHasElement", since=(18, 28))
 def optional_has_element(input=None):
     """ONNX OptionalHasElement-18/28: False for an empty optional or an absent input, else True."""
     return np.array(input is not None)
+
+
+optional_has_element_v15 = op("OptionalHasElement", since=15)(variant(
+    optional_has_element, "optional_has_element_v15",
+    "ONNX OptionalHasElement-15: whether the optional holds a value (input required).",
+    required=("input",),
+))  # fmt: skip
 
 
 @op("OptionalGetElement", since=(15, 18, 28))

@@ -10,80 +10,24 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.export import is_symbolic_dim
 
-from transmuter import cpu, dtypes
-from transmuter.errors import ShapeError, UnsupportedOpError
+from transmuter import dtypes
+from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.ops.random import node_key
+from transmuter.lowering.shared import (
+    array_module,
+    check_size,
+    host_ints,
+    host_module,
+    host_scalar,
+    normalize_axis,
+)
 from transmuter.lowering.symbolic import dim_max, dim_min, dims_array
 
 _LATEST = (21, 23, 24, 25)  # since-versions that only added element types
-
-
-# The most bytes one tensor may take: no allocation can pass the machine's memory, and XLA aborts
-# the process (it cannot raise) on a static size past int64, so a shape read from the graph is
-# checked before it is asked for.
-MAX_TENSOR_BYTES = cpu.physical_memory()
-
-
-def check_size(what: str, shape, dtype) -> None:
-    """Refuse a tensor of `shape` x `dtype` larger than int64 can count or memory can hold."""
-    if any(map(is_symbolic_dim, shape)):
-        return  # exporting with symbolic dims: no size to check yet
-    elements = math.prod(int(d) for d in shape)
-    nbytes = elements * np.dtype(dtype).itemsize
-    if elements >= 2**63 or nbytes > MAX_TENSOR_BYTES:
-        raise ValueError(
-            f"{what} would be {[int(d) for d in shape]} {np.dtype(dtype).name}: {elements} "
-            f"elements, {nbytes / 2**30:.4g} GiB, past this machine's "
-            f"{MAX_TENSOR_BYTES / 2**30:.4g} GiB of memory"
-        )
-
-
-def array_module(*values):
-    """numpy for string tensors (object arrays, host only); jax.numpy for everything else."""
-    strings = any(isinstance(v, np.ndarray) and v.dtype == object for v in values)
-    return np if strings else jnp
-
-
-def on_host(*values) -> bool:
-    """Whether every value (absent ones aside) is a host value: a numpy array or scalar."""
-    return all(isinstance(v, (np.ndarray, np.generic)) for v in values if v is not None)
-
-
-def host_module(*values):
-    """numpy where every value is on the host (or one is a string tensor), else jax.numpy: for
-    operators whose numpy and JAX forms agree exactly (moving data, integer arithmetic). Host
-    values are shape arithmetic evaluated while tracing, and through JAX each new shape of them
-    would compile a small XLA program of its own."""
-    return np if on_host(*values) else array_module(*values)
-
-
-def host_ints(value) -> list:
-    """A host tensor (or a tuple attribute) as a list of Python ints; symbolic dims stay as
-    they are."""
-    return [v if is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1)]
-
-
-def host_scalar(value, what: str):
-    """The single element of a host tensor that must hold exactly one value."""
-    array = np.asarray(value)
-    if array.size != 1:
-        raise ShapeError(f"{what} must hold exactly one value; got shape {list(array.shape)}")
-    return array.reshape(())[()]
-
-
-def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
-    """`axis` in [0, rank), accepting negative values counted from the back."""
-    if not -rank <= axis < rank:
-        raise ShapeError(
-            f"{what} {axis} is out of range for rank {rank} (expected [{-rank}, {rank - 1}])"
-        )
-    return axis % rank
 
 
 def _axis_slice(rank: int, axis: int, part: slice) -> tuple:
@@ -704,7 +648,6 @@ def range_v11(start, limit, delta):
 
 
 _STASH_TYPES = {1: np.float32, 11: np.float64}
-_HALF = (np.dtype(np.float16), dtypes.from_onnx(16))
 
 
 @op(
@@ -715,7 +658,7 @@ _HALF = (np.dtype(np.float16), dtypes.from_onnx(16))
 )
 def range_v27(start, limit, delta, *, stash_type=1):
     """ONNX Range-27: Range-11; float16/bfloat16 computed in the `stash_type` precision."""
-    if np.asarray(start).dtype not in _HALF:
+    if np.asarray(start).dtype not in dtypes.HALF:
         return _range(start, limit, delta)
     if stash_type not in _STASH_TYPES:
         raise ValueError(
@@ -740,79 +683,3 @@ def trilu(input, k=None, *, upper=1):
         raise ShapeError(f"Trilu expects an input of rank >= 2; got shape {list(input.shape)}")
     offset = 0 if k is None else int(host_scalar(k, "Trilu k"))
     return (jnp.triu if upper else jnp.tril)(input, offset)
-
-
-# ------------------------------------------------------------------------------------ dropout
-
-
-def _dropout_inference(ctx, data, mask_dtype):
-    if not ctx.wants(1):
-        return data
-    return data, jnp.ones(data.shape, dtype=mask_dtype)
-
-
-def _no_training(ctx, ratio):
-    """Training-mode dropout draws a random mask: only ratio 0 (which drops nothing) is allowed."""
-    if isinstance(ratio, jax.core.Tracer) or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
-        node = ctx.node
-        raise UnsupportedOpError(
-            node.domain,
-            node.op_type,
-            ctx.opset,
-            node.label,
-            "training-mode dropout is not supported yet (only with ratio 0); export the model "
-            "for inference or set training_mode to false",
-        )
-
-
-@op("Dropout", since=1, context=True)
-def dropout_v1(ctx, data, *, consumed_inputs=None, is_test=0, ratio=0.5):
-    """ONNX Dropout-1: identity in test mode (is_test=1); the mask is all ones."""
-    if not is_test:
-        _no_training(ctx, ratio)
-    return _dropout_inference(ctx, data, data.dtype)
-
-
-@op("Dropout", since=6, context=True)
-def dropout_v6(ctx, data, *, is_test=0, ratio=0.5):
-    """ONNX Dropout-6: identity in test mode (is_test=1); the mask is all ones."""
-    if not is_test:
-        _no_training(ctx, ratio)
-    return _dropout_inference(ctx, data, data.dtype)
-
-
-@op("Dropout", since=7, context=True)
-def dropout_v7(ctx, data, *, ratio=0.5):
-    """ONNX Dropout-7: inference identity; the mask (of the data type) is all ones."""
-    return _dropout_inference(ctx, data, data.dtype)
-
-
-@op("Dropout", since=10, context=True)
-def dropout_v10(ctx, data, *, ratio=0.5):
-    """ONNX Dropout-10: inference identity; the bool mask is all true."""
-    return _dropout_inference(ctx, data, jnp.bool_)
-
-
-@op(
-    "Dropout",
-    since=(12, 13, 22),
-    host_inputs={"training_mode": "whether dropout is active"},
-    context=True,
-    random=True,
-)
-def dropout_v12(ctx, data, ratio=None, training_mode=None, *, seed=None):
-    """ONNX Dropout-12..22: identity unless training_mode is true; then each element is zeroed
-    with probability `ratio` and the others are scaled by 1 / (1 - ratio)."""
-    if training_mode is None or not bool(host_scalar(training_mode, "Dropout training_mode")):
-        return _dropout_inference(ctx, data, jnp.bool_)
-    if ratio is None:
-        ratio = np.float32(0.5)
-    if not isinstance(ratio, jax.core.Tracer) and float(host_scalar(ratio, "Dropout ratio")) == 0:
-        return _dropout_inference(ctx, data, jnp.bool_)  # drops nothing, so needs no key
-    # Half types draw and scale in float32 and round once.
-    compute = np.dtype(np.float64 if data.dtype == np.float64 else np.float32)
-    ratio = jnp.asarray(ratio).reshape(()).astype(compute)
-    keep = jax.random.uniform(node_key(ctx, seed), data.shape, compute) >= ratio
-    # A ratio of 1 keeps nothing: where() gives zeros rather than 0 * inf.
-    output = jnp.where(keep, data.astype(compute) * (1 / (1 - ratio)), 0).astype(data.dtype)
-    return (output, keep) if ctx.wants(1) else output

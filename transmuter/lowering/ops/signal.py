@@ -14,10 +14,10 @@ import numpy as np
 from jax import lax
 
 from transmuter import dtypes
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
-from transmuter.lowering.ops.elementwise import accumulation_dtype
-from transmuter.lowering.ops.shape import host_scalar
+from transmuter.lowering import Attribute, op, variant
+from transmuter.lowering.shared import host_scalar
 
 # T2 of the windows and T3 of MelWeightMatrix: every real number type but bool.
 _NUMERIC = frozenset(dtypes.from_onnx(code) for code in (1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 16))
@@ -105,12 +105,6 @@ def _real_fft(signal, n: int, axis: int):
     return jnp.concatenate([half, jnp.conj(mirror)], axis=axis)
 
 
-@op("DFT", since=17, host_inputs={"dft_length": "the transform length"})
-def dft_v17(input, dft_length=None, *, axis=1, inverse=0, onesided=0):
-    """ONNX DFT-17: (inverse) discrete Fourier transform along the `axis` attribute."""
-    return _dft(input, dft_length, axis, inverse, onesided)
-
-
 @op(
     "DFT",
     since=20,
@@ -120,6 +114,13 @@ def dft_v20(input, dft_length=None, axis=None, *, inverse=0, onesided=0):
     """ONNX DFT-20: (inverse) discrete Fourier transform along the `axis` input (default -2)."""
     axis = -2 if axis is None else int(host_scalar(axis, "DFT axis"))
     return _dft(input, dft_length, axis, inverse, onesided)
+
+
+dft_v17 = op("DFT", since=17, host_inputs={"dft_length": "the transform length"})(variant(
+    dft_v20, "dft_v17",
+    "ONNX DFT-17: (inverse) discrete Fourier transform along the `axis` attribute.",
+    attributes={"axis": Attribute("axis", 1)},
+))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- STFT

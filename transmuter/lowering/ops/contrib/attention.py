@@ -16,19 +16,14 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.attention import append_past
 from transmuter.lowering.ops.attention import rotary_embedding as _rotary_v23
-from transmuter.lowering.ops.conv import accumulator
 from transmuter.lowering.ops.quantization import integer_matmul
 
 DEFAULT_MASK_FILTER = -10000.0
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """float32 for half-precision inputs, the input type otherwise."""
-    return accumulator(dtype) or np.dtype(dtype)
 
 
 def split_heads(op_type: str, name: str, x, num_heads: int):
@@ -78,7 +73,7 @@ def attend(
     (batch, heads, q_seq, total) in the compute type.
     """
     dtype = q.dtype
-    acc = compute_dtype(dtype)
+    acc = accumulation_dtype(dtype)
     batch, heads, q_len, size = q.shape
     kv_heads, total = k.shape[1], k.shape[2]
     if kv_heads == 0 or heads % kv_heads:
@@ -215,11 +210,11 @@ def masked_attention(
         )
     if attention_bias is not None:
         extra = check_attention_bias(op_type, attention_bias, batch, heads, q_len, total)
-        extra = extra.astype(compute_dtype(q.dtype))
+        extra = extra.astype(accumulation_dtype(q.dtype))
         bias = extra if bias is None else bias.astype(extra.dtype) + extra
     allowed = causal_keep(q_len, total, past) if unidirectional else None
     # ONNX Runtime writes the lowest float over future keys; exp() makes them exactly 0.
-    lowest = np.finfo(compute_dtype(q.dtype)).min
+    lowest = np.finfo(accumulation_dtype(q.dtype)).min
     return attend(
         q, k, v, scale=default_scale(scale, size), bias=bias, allowed=allowed, fill=lowest
     )
@@ -347,7 +342,7 @@ def attention(
                 f"Attention: qkv_hidden_sizes {sizes} must be three sizes, Q equal to K, "
                 f"summing to weights' second dim {w.shape[1]}"
             )
-    acc = compute_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     qkv = jnp.einsum("bsi,ih->bsh", x, w.astype(x.dtype), preferred_element_type=acc)
     if bias is not None:
         bias = jnp.asarray(bias)
@@ -411,7 +406,7 @@ def q_attention(
             _check_vector("QAttention", name, jnp.asarray(zero_point), sizes)
     _check_vector("QAttention", "bias", bias, (w.shape[1],))
     dtype = bias.dtype
-    acc = compute_dtype(dtype)
+    acc = accumulation_dtype(dtype)
     factor = x_scale.reshape(()).astype(acc) * w_scale.astype(acc)
     # The integer product is exact in int32, as in ONNX Runtime; the scales apply afterwards.
     product = integer_matmul(

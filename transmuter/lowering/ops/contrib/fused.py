@@ -11,24 +11,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 from transmuter.lowering.ops.conv import conv
 from transmuter.lowering.ops.elementwise import (
-    accumulation_dtype,
     gelu,
     hard_sigmoid,
     leaky_relu,
     swish,
 )
 from transmuter.lowering.ops.shape import trilu as _trilu
+from transmuter.lowering.shared import widened
 
 MS = "com.microsoft"
-
-
-def _wide(x):
-    x = jnp.asarray(x)
-    return x.astype(accumulation_dtype(x.dtype))
 
 
 def _check_bias(op_type: str, name: str, bias, x) -> None:
@@ -43,36 +39,36 @@ def _check_bias(op_type: str, name: str, bias, x) -> None:
 # ------------------------------------------------------------------------------ gelu family
 
 
-@op("Gelu", since=1, domain=MS)
-def gelu_ms(X):
-    """com.microsoft Gelu-1: x * Phi(x) with the exact erf."""
-    return gelu(X)
+gelu_ms = op("Gelu", since=1, domain=MS)(variant(
+    gelu, "gelu_ms", "com.microsoft Gelu-1: x * Phi(x) with the exact erf.",
+    fixed={"approximate": "none"},
+))  # fmt: skip
 
 
 @op("BiasGelu", since=1, domain=MS)
 def bias_gelu(A, B):
     """com.microsoft BiasGelu-1: Gelu (erf) of A + B, B a bias over A's last axis."""
     _check_bias("BiasGelu", "B", B, A)
-    return gelu(_wide(A) + _wide(B)).astype(A.dtype)
+    return gelu(widened(A) + widened(B)).astype(A.dtype)
 
 
 @op("FastGelu", since=1, domain=MS)
 def fast_gelu(X, bias=None):
     """com.microsoft FastGelu-1: 0.5x(1 + tanh(0.797885x + 0.035677x^3)) of x = X (+ bias)."""
-    x = _wide(X)
+    x = widened(X)
     if bias is not None:
         _check_bias("FastGelu", "bias", bias, X)
-        x = x + _wide(bias)
+        x = x + widened(bias)
     # The doc's rounded constants, which ORT's float64 kernel uses as written (they differ from
     # sqrt(2/pi) and 0.044715 * sqrt(2/pi) by ~1e-7).
     y = 0.5 * x * (1 + jnp.tanh(0.797885 * x + 0.035677 * x * x * x))
     return y.astype(X.dtype)
 
 
-@op("QuickGelu", since=1, domain=MS)
-def quick_gelu(X, *, alpha=1.7020000219345093):
-    """com.microsoft QuickGelu-1: x * sigmoid(alpha * x)."""
-    return swish(X, alpha=alpha)
+quick_gelu = op("QuickGelu", since=1, domain=MS)(variant(
+    swish, "quick_gelu", "com.microsoft QuickGelu-1: x * sigmoid(alpha * x), ai.onnx Swish.",
+    defaults={"alpha": 1.7020000219345093},
+))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- bias ops
@@ -88,7 +84,7 @@ def bias_add(X, bias, skip):
         )
     if tuple(bias.shape) != (X.shape[2],):
         raise ShapeError(f"BiasAdd: bias must be ({X.shape[2]},), got {list(bias.shape)}")
-    return (_wide(X) + _wide(bias) + _wide(skip)).astype(X.dtype)
+    return (widened(X) + widened(bias) + widened(skip)).astype(X.dtype)
 
 
 @op("BiasSplitGelu", since=1, domain=MS)
@@ -100,7 +96,7 @@ def bias_split_gelu(X, bias):
             f"BiasSplitGelu: X must be (N, S, D) with D even and bias (D,), got X "
             f"{list(X.shape)} and bias {list(bias.shape)}"
         )
-    hidden = _wide(X) + _wide(bias)
+    hidden = widened(X) + widened(bias)
     half = X.shape[2] // 2
     return (hidden[..., :half] * gelu(hidden[..., half:])).astype(X.dtype)
 
@@ -213,13 +209,13 @@ def fused_conv(
         pads=pads,
         strides=strides,
     )
-    y = _wide(y)
+    y = widened(y)
     if Z is not None:
         if tuple(Z.shape) != tuple(y.shape):
             raise ShapeError(
                 f"FusedConv: Z must have the output's shape {list(y.shape)}, got {list(Z.shape)}"
             )
-        y = y + _wide(Z)
+        y = y + widened(Z)
     return apply(y).astype(X.dtype)
 
 
@@ -267,10 +263,10 @@ def inverse(X):
     """com.microsoft Inverse-1: the inverses of the trailing square matrices of X."""
     if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
         raise ShapeError(f"Inverse: X must be [..., M, M], got shape {list(X.shape)}")
-    return jnp.linalg.inv(_wide(X)).astype(X.dtype)
+    return jnp.linalg.inv(widened(X)).astype(X.dtype)
 
 
-@op("Trilu", since=1, domain=MS, host_inputs={"k": "the diagonal offset"})
-def trilu_ms(X, k=None, *, upper=1):
-    """com.microsoft Trilu-1: ai.onnx Trilu-14 (upper or lower triangle from diagonal k)."""
-    return _trilu(X, k, upper=upper)
+trilu_ms = op("Trilu", since=1, domain=MS, host_inputs={"k": "the diagonal offset"})(variant(
+    _trilu, "trilu_ms",
+    "com.microsoft Trilu-1: ai.onnx Trilu-14 (upper or lower triangle from diagonal k).",
+))  # fmt: skip

@@ -16,13 +16,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.attention import rotary_embedding as _rotary_v23
 from transmuter.lowering.ops.contrib.attention import (
     attend,
     check_attention_bias,
-    compute_dtype,
     default_scale,
     merge_heads,
     split_heads,
@@ -288,7 +288,7 @@ def group_query_attention(
     bias = None
     if attention_bias is not None:
         bias = check_attention_bias(_OP, attention_bias, batch, num_heads, steps, total)
-        bias = bias.astype(compute_dtype(q.dtype))
+        bias = bias.astype(accumulation_dtype(q.dtype))
         if length > total:
             bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, length - total)))
     sink = None
@@ -297,7 +297,7 @@ def group_query_attention(
         if sink.shape != (num_heads,):
             raise ShapeError(f"{_OP}: head_sink must have shape ({num_heads},), got {sink.shape}")
     elif smooth_softmax == 1:
-        sink = jnp.zeros((num_heads,), compute_dtype(q.dtype))
+        sink = jnp.zeros((num_heads,), accumulation_dtype(q.dtype))
 
     out, scores, probs = attend(
         q,

@@ -16,6 +16,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
+from transmuter.lowering.shared import normalize_axis
 
 _F32 = np.dtype(np.float32)
 _PACKED_BITS = (2, 4, 8)
@@ -149,12 +150,6 @@ def matmul_nbits(
     return y.astype(out_dtype)
 
 
-def _axis(axis: int, rank: int, what: str) -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"GatherBlockQuantized: {what} {axis} is out of range for rank {rank}")
-    return axis % rank
-
-
 def _gather_params(value, indices, axis: int, data_dim: int):
     """Take a scale or zero-point tensor along the gather axis like data, or keep a size-1 axis
     (broadcast over it) as size-1 axes in place of the index dims."""
@@ -210,8 +205,8 @@ def gather_block_quantized(
         if zero_points is not None:
             zero_points = _unpack(zero_points, bits)
     rank = data.ndim
-    gather_axis = _axis(gather_axis, rank, "gather_axis")
-    quantize_axis = _axis(quantize_axis, rank, "quantize_axis")
+    gather_axis = normalize_axis(gather_axis, rank, "GatherBlockQuantized: gather_axis")
+    quantize_axis = normalize_axis(quantize_axis, rank, "GatherBlockQuantized: quantize_axis")
     if kind == np.uint8 and (gather_axis != 0 or (bits < 8 and quantize_axis == 0)):
         raise ValueError(
             "GatherBlockQuantized: uint8 data needs gather_axis 0, and with bits < 8 a "

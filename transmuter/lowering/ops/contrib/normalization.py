@@ -15,17 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
 from transmuter.lowering.ops.normalization import (
-    compute_dtype,
     group_normalize,
     normalized_axes,
     standardize,
     stash_dtype,
-    unidirectional,
 )
 from transmuter.lowering.ops.quantization import dequantize_linear_v21
+from transmuter.lowering.shared import broadcast_unidirectional
 
 MS = "com.microsoft"
 
@@ -64,7 +64,7 @@ def _skip_norm(op_type, input, skip, gamma, beta, bias, epsilon, simplified):
             f"{op_type}: skip must have input's shape {list(input.shape)} (or (1, S, H), (S, H) "
             f"for a 3-D input), got {list(skip.shape)}"
         )
-    dtype = compute_dtype(input)
+    dtype = accumulation_dtype(input.dtype)
     total = input.astype(dtype) + skip.astype(dtype)
     if bias is not None:
         total = total + _hidden_vector(op_type, "bias", bias, hidden).astype(dtype)
@@ -209,7 +209,7 @@ def embed_layer_normalization(
     if mask_index_type not in (None, 0, 1):
         raise ValueError(f"{op_type}: mask_index_type must be 0 or 1, got {mask_index_type}")
     out_dtype = jnp.asarray(word_embedding).dtype
-    dtype = compute_dtype(jnp.asarray(word_embedding))
+    dtype = accumulation_dtype(jnp.asarray(word_embedding).dtype)
     y, mask_index, total = _embed_layer_norm(
         op_type,
         input_ids,
@@ -345,7 +345,7 @@ def group_norm(
         x = jnp.moveaxis(X, -1, 1)
     else:
         x = X
-    dtype = compute_dtype(X)
+    dtype = accumulation_dtype(X.dtype)
     # group_normalize rounds to X's type; with an activation, keep float32 until after it.
     y = group_normalize(x.astype(dtype), gamma, beta, groups, epsilon, dtype, per_channel=True)
     if activation:
@@ -362,8 +362,8 @@ def _legacy_dtypes(op_type: str, x, scale, stash_type: int):
     """(compute dtype, statistics dtype): ORT's CPU kernel computes in the wider of float32
     (float64 for float64 inputs) and stash_type, and returns the statistics in stash_type."""
     stash = stash_dtype(op_type, stash_type)
-    compute = np.promote_types(compute_dtype(x), stash)
-    compute = np.promote_types(compute, compute_dtype(jnp.asarray(scale)))
+    compute = np.promote_types(accumulation_dtype(x.dtype), stash)
+    compute = np.promote_types(compute, accumulation_dtype(jnp.asarray(scale).dtype))
     return compute, stash
 
 
@@ -376,11 +376,11 @@ def layer_normalization_v1(
     X = jnp.asarray(X)
     axes = normalized_axes("LayerNormalization", X, axis)
     compute, stash = _legacy_dtypes("LayerNormalization", X, Scale, stash_type)
-    scale = unidirectional("LayerNormalization", "Scale", Scale, X)
+    scale = broadcast_unidirectional(Scale, X.shape, "LayerNormalization Scale")
     normalized, mean, inv_std = standardize(X, axes, epsilon, compute)
     y = normalized * scale.astype(compute)
     if B is not None:
-        y = y + unidirectional("LayerNormalization", "B", B, X).astype(compute)
+        y = y + broadcast_unidirectional(B, X.shape, "LayerNormalization B").astype(compute)
     return y.astype(scale.dtype), mean.astype(stash), inv_std.astype(stash)
 
 
@@ -393,6 +393,6 @@ def simplified_layer_normalization(
     X = jnp.asarray(X)
     axes = normalized_axes("SimplifiedLayerNormalization", X, axis)
     compute, stash = _legacy_dtypes("SimplifiedLayerNormalization", X, scale, stash_type)
-    scale = unidirectional("SimplifiedLayerNormalization", "scale", scale, X)
+    scale = broadcast_unidirectional(scale, X.shape, "SimplifiedLayerNormalization scale")
     normalized, inv_rms = _rms_standardize(X, axes, epsilon, compute)
     return (normalized * scale.astype(compute)).astype(scale.dtype), inv_rms.astype(stash)

@@ -35,6 +35,7 @@ from transmuter.lowering.ops.quantization import (
     requantize,
 )
 from transmuter.lowering.ops.rnn import LSTM, lengths, num_directions, recurrent
+from transmuter.lowering.shared import normalize_axis
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
@@ -150,12 +151,6 @@ def qlinear_leaky_relu(X, X_scale, X_zero_point, Y_scale, Y_zero_point=None, *, 
     return _quantize(value, Y_scale, Y_zero_point, x.dtype)
 
 
-def _axis(axis: int, rank: int, what: str) -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{what}: axis {axis} is out of range for rank {rank}")
-    return axis % rank
-
-
 @op("QLinearSoftmax", since=1, domain=MS)
 def qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, *, axis=-1, opset):
     """com.microsoft QLinearSoftmax-1: softmax of dequantized X along `axis` (opset >= 13) or
@@ -167,7 +162,7 @@ def qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, *, axis=-1,
     float rounding of a half.
     """
     x = jnp.asarray(X)
-    axis = _axis(axis, x.ndim, "QLinearSoftmax")
+    axis = normalize_axis(axis, x.ndim, "QLinearSoftmax: axis")
     shape = x.shape
     values = x.astype(jnp.int32)
     if opset < 13:
@@ -256,7 +251,7 @@ def qlinear_reduce_mean(
     """com.microsoft QLinearReduceMean-1: ReduceMean of dequantized data, quantized (ONNX
     Runtime has no CPU kernel; this follows the spec's formula)."""
     x = jnp.asarray(data)
-    axes = tuple(sorted({_axis(a, x.ndim, "QLinearReduceMean") for a in axes}))
+    axes = tuple(sorted({normalize_axis(a, x.ndim, "QLinearReduceMean: axis") for a in axes}))
     value = jnp.mean(
         _dequantize(x, data_scale, data_zero_point), axis=axes, keepdims=bool(keepdims)
     )
@@ -276,7 +271,7 @@ def qlinear_concat(Y_scale, Y_zero_point, *inputs, axis):
         _quantize(_dequantize(x, scale, zero_point), Y_scale, zero, zero.dtype)
         for x, scale, zero_point in zip(inputs[::3], inputs[1::3], inputs[2::3], strict=True)
     ]
-    return jnp.concatenate(parts, axis=_axis(axis, parts[0].ndim, "QLinearConcat"))
+    return jnp.concatenate(parts, axis=normalize_axis(axis, parts[0].ndim, "QLinearConcat: axis"))
 
 
 @op("QLinearWhere", since=1, domain=MS)

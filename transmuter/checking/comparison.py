@@ -1,0 +1,108 @@
+"""Comparing outputs with the reference's, per output and node by node (the first node where
+the two disagree)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from transmuter.checking.reference import reference_outputs
+from transmuter.runtime.execute import intermediates
+from transmuter.runtime.model import Model
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How one output of Transmuter compares with the reference: the largest absolute error,
+    that error relative to the reference's largest magnitude (which stays meaningful where single
+    elements are near zero), and whether every element is within atol + rtol * |reference|."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    detail: str = ""  # why it is not ok, when the errors alone don't say
+
+
+def difference(name: str, ours: Any, theirs: Any, *, rtol: float, atol: float) -> Difference:
+    """`ours` against `theirs`: dtype and shape exactly; floats elementwise within tolerance,
+    NaN where the reference has NaN, equal infinities equal; other types exactly."""
+    a, b = np.asarray(ours), np.asarray(theirs)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        detail = f"{a.dtype}{list(a.shape)} vs reference {b.dtype}{list(b.shape)}"
+        return Difference(name, float("inf"), float("inf"), False, detail)
+    if a.size == 0:
+        return Difference(name, 0.0, 0.0, True)
+    if a.dtype.kind in "OSU":  # strings: equal or not
+        wrong = int(np.sum(a != b))
+        error = float("inf") if wrong else 0.0
+        return Difference(name, error, error, not wrong, _differ(wrong, a.size))
+    wide = np.complex128 if a.dtype.kind == "c" else np.float64
+    a64, b64 = a.astype(wide), b.astype(wide)
+    if not (np.isnan(a64) == np.isnan(b64)).all():
+        return Difference(name, float("inf"), float("inf"), False, "NaN placement differs")
+    both_nan = np.isnan(b64)  # NaN placement agrees, checked above
+    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities are caught by a64 == b64
+        err = np.where((a64 == b64) | both_nan, 0.0, np.abs(a64 - b64))
+    ref = np.where(both_nan, 0.0, np.abs(b64))
+    max_abs = float(err.max())
+    finite = ref[np.isfinite(ref)]
+    scale = float(finite.max()) if finite.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    if a.dtype.kind in "iub":
+        wrong = int(np.sum(err > 0))
+        return Difference(name, max_abs, max_rel, not wrong, _differ(wrong, a.size))
+    # An infinite reference is matched exactly or not at all.
+    ok = bool(np.all(err <= atol + rtol * np.where(np.isfinite(ref), ref, 0.0)))
+    return Difference(name, max_abs, max_rel, ok)
+
+
+def _differ(wrong: int, size: int) -> str:
+    return f"{wrong} of {size} elements differ" if wrong else ""
+
+
+def compare(
+    ours: Mapping[str, Any], theirs: Mapping[str, Any], *, rtol: float = 1e-4, atol: float = 1e-5
+) -> list[Difference]:
+    """One `Difference` per reference output, in the reference's order."""
+    return [
+        difference(name, ours[name], value, rtol=rtol, atol=atol) for name, value in theirs.items()
+    ]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first node (in graph order) whose output differs beyond tolerance."""
+
+    node: str
+    op_type: str
+    output: str
+    inputs: tuple[str, ...]
+    difference: Difference
+
+
+def first_divergence(
+    model: Model,
+    source,
+    inputs: Mapping[str, Any],
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    key: Any = None,
+) -> Divergence | None:
+    """Run `model` eagerly keeping every value, and ONNX Runtime on `source` with every
+    intermediate as an output; compare node by node and return the first disagreement. `key`
+    is the PRNG key for random operators without a seed (their draws differ from ORT's, so the
+    search stops at them; without a key it cannot run them)."""
+    ours = intermediates(model, inputs, key=key)
+    theirs = reference_outputs(source, inputs, expose_intermediates=True)
+    for node in model.ir.graph.nodes:
+        for name in node.outputs:
+            if name and name in theirs and name in ours:
+                diff = difference(name, ours[name], theirs[name], rtol=rtol, atol=atol)
+                if not diff.ok:
+                    return Divergence(node.label, node.op_type, name, node.inputs, diff)
+    return None

@@ -1,0 +1,150 @@
+"""What the operator families share: axes, host values, spatial attributes, broadcasting.
+
+A helper goes here when a second family needs it, so that no family imports another for a
+helper; one family's own helpers stay in its module. The accumulation-type policy for half
+precision is `transmuter.dtypes.accumulation_dtype`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax.numpy as jnp
+import numpy as np
+from jax.export import is_symbolic_dim
+
+from transmuter import cpu, dtypes
+from transmuter.errors import ShapeError
+
+# ------------------------------------------------------------------------------------ naming
+
+
+def snake_case(op_type: str) -> str:
+    """A Python name for an operator's lowering: "BitwiseAnd" -> "bitwise_and"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", op_type).lower()
+
+
+# ----------------------------------------------------------------------------- host values
+
+
+def array_module(*values):
+    """numpy for string tensors (object arrays, host only); jax.numpy for everything else."""
+    strings = any(isinstance(v, np.ndarray) and v.dtype == object for v in values)
+    return np if strings else jnp
+
+
+def on_host(*values) -> bool:
+    """Whether every value (absent ones aside) is a host value: a numpy array or scalar."""
+    return all(isinstance(v, (np.ndarray, np.generic)) for v in values if v is not None)
+
+
+def host_module(*values):
+    """numpy where every value is on the host (or one is a string tensor), else jax.numpy: for
+    operators whose numpy and JAX forms agree exactly (moving data, integer arithmetic). Host
+    values are shape arithmetic evaluated while tracing, and through JAX each new shape of them
+    would compile a small XLA program of its own."""
+    return np if on_host(*values) else array_module(*values)
+
+
+def host_ints(value) -> list:
+    """A host tensor (or a tuple attribute) as a list of Python ints; symbolic dims stay as
+    they are."""
+    return [v if is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def host_scalar(value, what: str):
+    """The single element of a host tensor that must hold exactly one value."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise ShapeError(f"{what} must hold exactly one value; got shape {list(array.shape)}")
+    return array.reshape(())[()]
+
+
+# ------------------------------------------------------------------------------------- sizes
+
+# The most bytes one tensor may take: no allocation can pass the machine's memory, and XLA aborts
+# the process (it cannot raise) on a static size past int64, so a shape read from the graph is
+# checked before it is asked for.
+MAX_TENSOR_BYTES = cpu.physical_memory()
+
+
+def check_size(what: str, shape, dtype) -> None:
+    """Refuse a tensor of `shape` x `dtype` larger than int64 can count or memory can hold."""
+    if any(map(is_symbolic_dim, shape)):
+        return  # exporting with symbolic dims: no size to check yet
+    elements = math.prod(int(d) for d in shape)
+    nbytes = elements * np.dtype(dtype).itemsize
+    if elements >= 2**63 or nbytes > MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"{what} would be {[int(d) for d in shape]} {np.dtype(dtype).name}: {elements} "
+            f"elements, {nbytes / 2**30:.4g} GiB, past this machine's "
+            f"{MAX_TENSOR_BYTES / 2**30:.4g} GiB of memory"
+        )
+
+
+# -------------------------------------------------------------------------------------- axes
+
+
+def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """`axis` in [0, rank), accepting negative values counted from the back."""
+    if not -rank <= axis < rank:
+        raise ShapeError(
+            f"{what} {axis} is out of range for rank {rank} (expected [{-rank}, {rank - 1}])"
+        )
+    return axis % rank
+
+
+# ------------------------------------------------------------------------------ broadcasting
+
+
+def broadcast_unidirectional(value, shape, what: str):
+    """`value` broadcast to `shape`, which it may not change (ONNX unidirectional broadcasting:
+    Gemm's C, PRelu's slope, a normalization's scale). `what` names the input in the error."""
+    try:
+        return jnp.broadcast_to(value, shape)
+    except ValueError:
+        raise ShapeError(
+            f"{what} of shape {list(np.shape(value))} is not unidirectionally broadcastable to "
+            f"{list(shape)}"
+        ) from None
+
+
+def widened(x):
+    """x in its accumulation type (float32 for half precision), to compute a chain in."""
+    x = jnp.asarray(x)
+    return x.astype(dtypes.accumulation_dtype(x.dtype))
+
+
+# ------------------------------------------------------------------- convolution and pooling
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def spatial_attrs(
+    op_type: str, rank: int, strides, dilations, pads, auto_pad: str
+) -> tuple[tuple, tuple, tuple]:
+    """Strides, dilations and (begin, end) pads per spatial axis, defaults filled in and checked."""
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"{op_type}: auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
+    strides = tuple(strides) if strides is not None else (1,) * rank
+    dilations = tuple(dilations) if dilations is not None else (1,) * rank
+    pads = tuple(pads) if pads is not None else (0,) * (2 * rank)
+    for name, value, size in (
+        ("strides", strides, rank),
+        ("dilations", dilations, rank),
+        ("pads", pads, 2 * rank),
+    ):
+        if len(value) != size:
+            raise ShapeError(
+                f"{op_type}: {name} has {len(value)} values, expected {size} for {rank} spatial axes"
+            )
+    return strides, dilations, tuple(zip(pads[:rank], pads[rank:], strict=True))
+
+
+def same_pads(size, window: int, stride: int, upper: bool) -> tuple:
+    """(begin, end) pads that make the output `ceil(size / stride)` long (SAME_UPPER/LOWER)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + window - size, 0)
+    small = total // 2
+    return (small, total - small) if upper else (total - small, small)
