@@ -8,7 +8,11 @@ ONNX model's logits, optax's AdamW updates the params, and `transmuter.save` wri
 into the ONNX file, which ONNX Runtime (when installed) then runs to check it computes what
 Transmuter does.
 
-    python examples/finetune.py [--out DIR]
+    python examples/finetune.py [--out DIR] [--data-parallel]
+
+--data-parallel trains over every device JAX sees, each batch split across them (on a CPU,
+XLA_FLAGS=--xla_force_host_platform_device_count=8 makes eight): the losses are the
+single-device ones up to float rounding.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import transmuter
 
@@ -121,8 +126,12 @@ def train(
     steps: int = STEPS,
     learning_rate: float = LEARNING_RATE,
     weight_decay: float = WEIGHT_DECAY,
+    mesh: Mesh | None = None,
 ) -> tuple[dict[str, jax.Array], list[float]]:
-    """`steps` AdamW steps over `data` in turn, from `model.params`: the params and the losses."""
+    """`steps` AdamW steps over `data` in turn, from `model.params`: the params and the losses.
+
+    With `mesh`, data parallelism: the params are replicated on its devices and each batch is
+    split over all of them; jit's partitioner adds the all-reduce of the gradients."""
     # optax's defaults (b1 0.9, b2 0.999, eps 1e-8) are torch.optim.AdamW's, and both decay the
     # weights by lr * weight_decay * param before the Adam step's own change.
     optimizer = optax.adamw(learning_rate, weight_decay=weight_decay)
@@ -133,16 +142,28 @@ def train(
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
-    params = model.params
+    params, rows = model.params, None
+    if mesh is not None:
+        params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+        rows = NamedSharding(mesh, PartitionSpec(mesh.axis_names))  # the batch over every device
     state = optimizer.init(params)
     losses = []
     # The ids are int64, as the model declares; a jitted function's int64 arguments stay int64
     # only with x64 on (README, "64-bit").
     with jax.enable_x64(True):
         for i in range(steps):
-            params, state, value = step(params, state, data[i % len(data)])
+            batch = data[i % len(data)]
+            if rows is not None:
+                batch = jax.device_put(batch, rows)
+            params, state, value = step(params, state, batch)
             losses.append(float(value))
     return params, losses
+
+
+def data_mesh() -> Mesh:
+    """Every device on one "data" axis, of the partitioner's Auto type (Transmuter's operators
+    are plain jax.numpy, which explicit axes would ask for output shardings)."""
+    return jax.make_mesh((len(jax.devices()),), ("data",), axis_types=(AxisType.Auto,))
 
 
 def predictor(model: transmuter.Model):
@@ -180,6 +201,9 @@ def check_with_onnxruntime(path: Path, predict, params, data) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="folder for the fine-tuned model (default: temp)")
+    parser.add_argument(
+        "--data-parallel", action="store_true", help="split each batch over every device"
+    )
     args = parser.parse_args(argv)
     model = transmuter.load(MODEL, trainable=True)
     data = batches()
@@ -187,7 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{MODEL.name}: {len(model.params)} params, {size} weights; {len(PAIRS)} pairs")
     predict = predictor(model)
     print(f"accuracy before: {accuracy(predict, model.params, data):.2f}")
-    params, losses = train(model, data)
+    mesh = data_mesh() if args.data_parallel else None
+    if mesh is not None:
+        print(f"data parallel over {mesh.size} devices")
+    params, losses = train(model, data, mesh=mesh)
     for i, value in enumerate(losses):
         print(f"step {i:2d}  loss {value:.4f}")
     print(f"accuracy after: {accuracy(predict, params, data):.2f}")

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from transmuter import errors, telemetry
@@ -27,7 +28,7 @@ from transmuter.errors import (
 from transmuter.frontend import hub, load_model
 from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
-from transmuter.runtime import CompiledModel, Model, run
+from transmuter.runtime import CompiledModel, Model, run, sharding
 from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
 
 __all__ = [
@@ -59,6 +60,9 @@ def load(
     trainable: bool = False,
     compute_type: str | None = None,
     revision: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    model_axis: str | None = None,
+    param_sharding: Mapping[str, jax.sharding.PartitionSpec] | None = None,
 ) -> Model:
     """Load an ONNX model from a path, bytes, `onnx.ModelProto`, or the Hugging Face Hub:
     `"hf://org/repo/path/model.onnx"` or `("hf", "org/repo", "path/model.onnx")`, at `revision`
@@ -71,6 +75,11 @@ def load(
     rounding only where the graph's interface says half precision: as ONNX Runtime's CPU kernels
     do, and as accurate (per-op half-precision rounding compounds through residual chains,
     tests/models/test_variant_models.py). compute_type="float16" keeps every rounding.
+
+    mesh: place the params on this `jax.sharding.Mesh` as they are read, each device getting only
+    its shard (never the whole weight on one device): split over `model_axis` by the graph's
+    column / row pairs, or by `param_sharding` ({regex: PartitionSpec}), else replicated
+    (runtime/sharding.py). `compile(..., mesh=)` then keeps that placement.
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(
@@ -87,7 +96,12 @@ def load(
             graph = with_compute_type(graph, compute_type)
         elif runs_half_in_float32(graph):
             graph = with_compute_type(graph, "float32", keep_storage=True)
-        model = Model(graph, trainable=trainable, source=name, origin=Origin(source))
+        if mesh is None and (model_axis is not None or param_sharding is not None):
+            raise InputError("model_axis and param_sharding place params on a mesh: give mesh=")
+        place = (
+            None if mesh is None else sharding.placer(graph.graph, mesh, model_axis, param_sharding)
+        )
+        model = Model(graph, trainable=trainable, source=name, origin=Origin(source), place=place)
         span.stop_metadata.update(
             node_count=len(model.ir.graph.nodes), opset=model.ir.opsets.get("", 0)
         )
@@ -105,6 +119,12 @@ def compile(
     buckets: Mapping[str, Any] | None = None,
     pad_values: Mapping[str, Any] | None = None,
     checks: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    data_axis: str | tuple[str, ...] | None = None,
+    model_axis: str | None = None,
+    param_sharding: Mapping[str, jax.sharding.PartitionSpec] | None = None,
+    batch_axis: str | None = None,
+    gather_outputs: bool = False,
 ) -> CompiledModel:
     """Compile `model` for the shapes of `example_inputs` (running it once on them).
 
@@ -128,7 +148,33 @@ def compile(
     size on every call (an InputError). `checks=True` also compiles every segment under
     `jax.experimental.checkify`, so that an index computed inside the graph raises a NodeError;
     by default (False) such an index clamps to the table, as XLA's gather does.
+
+    `mesh` (a `jax.sharding.Mesh`) runs the programs over its devices, XLA's partitioner adding
+    the collectives. `data_axis` (a mesh axis name, or a tuple of them) splits each input's batch
+    dim, the dim name leading every input or `batch_axis`; `model_axis` splits the weights in
+    the column / row pairs the graph's matmuls form, embeddings by vocabulary and KV-cache inputs
+    by heads; `param_sharding` ({regex: PartitionSpec}) places the params whose names match as
+    given. Params already on this mesh (`load(..., mesh=)`) keep their placement when neither is
+    given. Outputs come back as the partitioner leaves them (split by batch under data
+    parallelism), or whole on every device with `gather_outputs=True` (runtime/sharding.py).
     """
+    sharding_options = (data_axis, model_axis, param_sharding, batch_axis)
+    if mesh is None and (gather_outputs or any(o is not None for o in sharding_options)):
+        raise InputError(
+            "data_axis, model_axis, param_sharding, batch_axis and gather_outputs need mesh="
+        )
+    placement = None
+    if mesh is not None:
+        placement = sharding.Placement(
+            model,
+            mesh,
+            data_axis=data_axis,
+            model_axis=model_axis,
+            param_sharding=param_sharding,
+            batch_axis=batch_axis,
+            gather_outputs=gather_outputs,
+            static_inputs=frozenset(static_inputs or ()),
+        )
     return CompiledModel(
         model,
         example_inputs,
@@ -139,6 +185,7 @@ def compile(
         buckets=buckets,
         pad_values=pad_values,
         checks=checks,
+        placement=placement,
     )
 
 

@@ -15,6 +15,7 @@ from transmuter.runtime.buckets import Buckets, dim_parts
 from transmuter.runtime.disk_cache import use_persistent_cache
 from transmuter.runtime.execute import as_output, x64_scope
 from transmuter.runtime.segments import SegmentRunner, signature
+from transmuter.runtime.sharding import Placement
 
 EAGER_THRESHOLD = 20
 
@@ -41,9 +42,13 @@ class CompiledModel:
         buckets: Mapping[str, Any] | None = None,
         pad_values: Mapping[str, Any] | None = None,
         checks: bool = False,
+        placement: Placement | None = None,
     ):
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, got {cache_size}")
+        # On a mesh the programs run on the placed copy of the model (its weights on the mesh).
+        self.placement = placement
+        model = model if placement is None else placement.model
         self.model = model
         self.static_inputs = {
             name: np.asarray(model.check_input(name, value))
@@ -102,6 +107,8 @@ class CompiledModel:
         with telemetry.span("transmuter.call", {"source": self.model.source}):
             given = self._arrays(inputs)
             arrays, padding, note = self._pad(given)
+            if self.placement is not None:
+                arrays = self.placement.inputs(arrays)
             if padding is not None and padding.exceeded:
                 if telemetry.listening("transmuter.bucket.exceeded"):
                     metadata = {"source": self.model.source, "dims": padding.exceeded}
@@ -117,7 +124,7 @@ class CompiledModel:
                     outputs = self.buckets.slice(outputs, padding)
                     if not self._padding_checked:
                         self._check_padding(given, outputs, padding)
-                return outputs
+                return outputs if self.placement is None else self.placement.outputs(outputs)
 
     def _check_padding(self, given, outputs, padding) -> None:
         """The first padded call is compared with the same call unpadded (one more compile,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,18 @@ class Model:
     decide a shape.
     origin: what the model was loaded from, as the front end recorded it for `transmuter.save`
     (opaque here; None for a model not loaded by `transmuter.load`).
+    place: `(name, array) -> jax.Array` putting each param and device constant on its devices
+    (runtime/sharding.py, for a mesh); by default the whole array goes to the default device.
     """
 
     def __init__(
-        self, model: ir.Model, *, trainable: bool = False, source: str = "", origin: Any = None
+        self,
+        model: ir.Model,
+        *,
+        trainable: bool = False,
+        source: str = "",
+        origin: Any = None,
+        place: Callable[[str, np.ndarray], jax.Array] | None = None,
     ):
         self.ir = model
         self.source = source
@@ -64,9 +72,10 @@ class Model:
                 device_constants[name] = array
             else:
                 host_constants[name] = np.asarray(array)
+        place = place or (lambda _, array: jnp.asarray(array))
         with x64_scope():
-            self.params: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in params.items()}
-            self.device_constants = {k: jnp.asarray(v) for k, v in device_constants.items()}
+            self.params: dict[str, jax.Array] = {k: place(k, v) for k, v in params.items()}
+            self.device_constants = {k: place(k, v) for k, v in device_constants.items()}
         self.host_constants: dict[str, np.ndarray] = host_constants
         # Inputs that index a table of known size: checked per call (check_inputs).
         self.index_ranges: dict[str, list[IndexRange]] = index_ranges(graph)
