@@ -3,7 +3,8 @@
 `load` reads a model; `run` evaluates it (eagerly, or inside jax.jit / grad / vmap); `compile`
 makes a callable that keeps one compiled program per input shape; `save` writes a model back to
 ONNX with new weights; `export` makes one StableHLO program with symbolic dims (`write_export`
-puts it on disk).
+puts it on disk). `load_repo` and `pipeline` (transmuter.pipelines, needing the `pipelines`
+extra) run whole Hugging Face repositories as tasks.
 """
 
 from __future__ import annotations
@@ -47,11 +48,22 @@ __all__ = [
     "errors",
     "export",
     "load",
+    "load_repo",
+    "pipeline",
     "run",
     "save",
     "telemetry",
     "write_export",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: `import transmuter` stays as light as before the pipelines existed.
+    if name in ("load_repo", "pipeline"):
+        from transmuter import pipelines
+
+        return getattr(pipelines, name)
+    raise AttributeError(f"module 'transmuter' has no attribute {name!r}")
 
 
 def load(

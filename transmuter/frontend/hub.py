@@ -149,6 +149,27 @@ def fetch(file: HubFile) -> Path:
     return model.path
 
 
+class _Missing(ModelLoadError):
+    """The repository has no such file at that revision (or, offline, the cache has none)."""
+
+
+def fetch_present(repo: str, paths: list[str], revision: str | None = None) -> dict[str, Path]:
+    """Those of `paths` the repository has, fetched (with their external data) at one commit:
+    the commit `revision` names when the first of them is found. What a folder-level reader
+    (`transmuter.load_repo`) asks for, probing the file names the Hub's layouts use."""
+    found: dict[str, Path] = {}
+    commit = None
+    for path in paths:
+        file = _checked(HubFile(repo, path, commit or revision), repr(path))
+        try:
+            local = fetch(file)
+        except _Missing:
+            continue
+        found[path] = local
+        commit = commit or _commit_of(local, path)
+    return found
+
+
 def resolve(source: Any, revision: str | None = None) -> Path:
     """The local path of a Hub source (`hf://...` or `("hf", repo, path)`), fetched with its
     external data: what `transmuter.load` reads, for tools that read the file themselves."""
@@ -223,7 +244,7 @@ def _resolve(hf, repo: str, path: str, revision: str) -> _Resolved:
     if hf.constants.HF_HUB_OFFLINE:
         cached = _cached(hf, repo, path, revision)
         if cached is None:
-            raise ModelLoadError(
+            raise _Missing(
                 f"HF_HUB_OFFLINE is set and {where} is not in the cache ({cache}): unset "
                 "HF_HUB_OFFLINE to download it, or fetch it once while online"
             )
@@ -251,7 +272,7 @@ def _resolve(hf, repo: str, path: str, revision: str) -> _Resolved:
             "a branch, a tag or a 40-character commit hash of that repository"
         ) from None
     except hf.utils.EntryNotFoundError:
-        raise ModelLoadError(
+        raise _Missing(
             f"{path!r} does not exist in Hugging Face Hub repository {repo!r} at revision "
             f"{revision!r}: check the path, relative to the repository's root"
         ) from None

@@ -1,0 +1,74 @@
+"""feature-extraction, text-classification and token-classification against transformers'
+outputs recorded by tests/fixtures/make_pipelines.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+
+import transmuter
+from transmuter.errors import InputError
+
+
+@pytest.mark.parametrize(
+    "pooling, normalize, key",
+    [("mean", True, "mean"), ("mean", False, "mean_unnormalized"), ("cls", False, "cls")],
+)
+def test_pooled_embeddings_match_transformers(pooling, normalize, key):
+    want = expected("bert")
+    embed = transmuter.pipeline(
+        "feature-extraction", REPOS / "bert", pooling=pooling, normalize=normalize, batch_size=2
+    )
+    got = embed(want["texts"])  # a batch of 2 (padded) and a batch of 1
+    np.testing.assert_allclose(got, want[key], atol=1e-5)
+    np.testing.assert_allclose(embed(want["texts"][1]), want[key][1], atol=1e-5)
+
+
+def test_token_embeddings_come_per_text_without_padding():
+    want = expected("bert")
+    embed = transmuter.pipeline("feature-extraction", REPOS / "bert")
+    rows = embed(want["texts"])
+    lengths = [len(embed.encoder.tokenizer.encode(t).ids) for t in want["texts"]]
+    assert [r.shape for r in rows] == [(n, 32) for n in lengths]
+    np.testing.assert_allclose(rows[0].mean(0), want["mean_unnormalized"][0], atol=1e-5)
+
+
+def test_text_classification_labels_and_scores():
+    want = expected("bert-sst")
+    classify = transmuter.pipeline("text-classification", REPOS / "bert-sst")
+    got = classify(want["texts"])
+    assert [g["label"] for g in got] == want["labels"]
+    np.testing.assert_allclose([g["score"] for g in got], np.max(want["scores"], 1), atol=1e-5)
+    ranked = transmuter.pipeline("text-classification", REPOS / "bert-sst", top_k=None)(
+        want["texts"][0]
+    )
+    assert [r["label"] for r in ranked][0] == want["labels"][0]
+    np.testing.assert_allclose(
+        sorted(r["score"] for r in ranked), sorted(want["scores"][0]), atol=1e-5
+    )
+
+
+def test_token_classification_entities():
+    want = expected("bert-ner")
+    tag = transmuter.pipeline("token-classification", REPOS / "bert-ner")
+    got = tag(want["texts"])
+    for row, wanted in zip(got, want["entities"]):
+        assert [{k: v for k, v in e.items() if k != "score"} for e in row] == [
+            {k: v for k, v in e.items() if k != "score"} for e in wanted
+        ]
+        np.testing.assert_allclose(
+            [e["score"] for e in row], [e["score"] for e in wanted], atol=1e-5
+        )
+    alone = tag(want["texts"][1])  # unpadded: scores equal to float rounding
+    assert [e["word"] for e in alone] == [e["word"] for e in got[1]]
+
+
+def test_bad_inputs_are_clear_errors():
+    embed = transmuter.pipeline("feature-extraction", REPOS / "bert", pooling="mean")
+    with pytest.raises(InputError, match="a string or a non-empty list"):
+        embed([])
+    with pytest.raises(InputError, match="must be strings"):
+        embed(["fine", 3])
+    with pytest.raises(InputError, match="pooling must be"):
+        transmuter.pipeline("feature-extraction", REPOS / "bert", pooling="max")

@@ -1,0 +1,122 @@
+"""text-generation against transformers' greedy generate() (tests/fixtures/make_pipelines.py),
+and the number of programs a long generation compiles."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+
+import transmuter
+from transmuter.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return transmuter.pipeline("text-generation", REPOS / "llama")
+
+
+@pytest.mark.parametrize("case", ["single", "batch", "penalty"])
+def test_llama_greedy_tokens_are_transformers(llama, case):
+    want = expected("llama")[case]
+    got = llama.generate(want["input_ids"], max_new_tokens=40, **want["options"])
+    assert got == want["new_tokens"]
+
+
+def gpt2_repo(tmp_path, keep: str):
+    """The gpt2 fixture with one of its decoders only (and no plain decoder_model.onnx)."""
+    for path in (REPOS / "gpt2").iterdir():
+        if not path.name.endswith(".onnx") or path.name == keep:
+            shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", ["decoder_model_merged.onnx", "decoder_with_past_model.onnx"])
+@pytest.mark.parametrize("case", ["single", "batch", "penalty"])
+def test_gpt2_greedy_tokens_are_transformers(tmp_path, keep, case):
+    generate = transmuter.pipeline("text-generation", gpt2_repo(tmp_path, keep))
+    assert generate.decoder.merged == (keep == "decoder_model_merged.onnx")
+    want = expected("gpt2")[case]
+    assert (
+        generate.generate(want["input_ids"], max_new_tokens=40, **want["options"])
+        == want["new_tokens"]
+    )
+
+
+def test_a_long_generation_compiles_a_handful_of_programs(llama):
+    prompts = expected("llama")["batch"]["input_ids"]
+    before = llama.programs
+    rows = llama.generate(prompts, max_new_tokens=200, eos_token_id=None)
+    assert [len(r) for r in rows] == [200] * 3
+    assert llama.programs - before <= 8
+    again = llama.generate(prompts, max_new_tokens=200, eos_token_id=None)
+    assert again == rows and llama.programs - before <= 8  # served from the same programs
+
+
+def test_end_of_sequence_and_min_new_tokens(llama):
+    want = expected("llama")["single"]
+    tokens = want["new_tokens"][0]
+    eos = tokens[5]
+    assert llama.generate(want["input_ids"], eos_token_id=[eos, 9999])[0] == tokens[:6]
+    held = llama.generate(want["input_ids"], eos_token_id=eos, min_new_tokens=7, max_new_tokens=7)
+    assert len(held[0]) == 7 and eos not in held[0]
+
+
+def test_text_streaming_and_stop_strings(llama):
+    pieces = []
+    out = llama(
+        "Once upon a time", max_new_tokens=12, on_token=lambda row, text: pieces.append(text)
+    )
+    text = out[0]["generated_text"]
+    assert text.startswith("Once upon a time") and text == "Once upon a time" + "".join(pieces)
+    stop = "".join(pieces)[2:4]
+    cut = llama("Once upon a time", max_new_tokens=12, stop=[stop], return_full_text=False)
+    assert stop in cut[0]["generated_text"] and len(cut[0]["generated_text"]) < len("".join(pieces))
+    batch = llama(["Hello", "The capital of France is"], max_new_tokens=4)
+    assert [len(b) for b in batch] == [1, 1] and batch[0][0]["generated_text"].startswith("Hello")
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(llama):
+    want = expected("llama")["batch"]
+    options = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=16)
+    key = jax.random.key(7)
+    first = llama.generate(want["input_ids"], key=key, **options)
+    assert llama.generate(want["input_ids"], key=key, **options) == first
+    assert llama.generate(want["input_ids"], key=jax.random.key(8), **options) != first
+    greedy = llama.generate(want["input_ids"], do_sample=True, top_k=1, max_new_tokens=40)
+    assert greedy == want["new_tokens"]
+
+
+def test_bad_generation_options(llama):
+    with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
+        llama("Hello", max_new_tokens=0)
+    with pytest.raises(InputError, match="top_p must be in"):
+        llama("Hello", do_sample=True, top_p=0)
+    with pytest.raises(InputError, match="prompt string"):
+        llama([])
+
+
+@pytest.mark.slow  # a program per token: about 20 s
+def test_an_export_without_position_ids_generates_at_exact_shapes(tmp_path):
+    """tests/fixtures/models/gpt2.onnx takes no position_ids: it counts positions from the
+    past's length, so it runs unpadded, one prompt at a time; checked against recomputing the
+    whole sequence each step with an empty past."""
+    shutil.copy(REPOS.parent / "models" / "gpt2.onnx", tmp_path / "model.onnx")
+    shutil.copy(REPOS / "gpt2" / "tokenizer.json", tmp_path / "tokenizer.json")
+    with pytest.warns(UserWarning, match="takes no position_ids"):
+        generate = transmuter.pipeline("text-generation", tmp_path)
+    prompts = [[5, 17, 99, 3], [42, 7]]
+    got = generate.generate(prompts, max_new_tokens=5, eos_token_id=None)
+    model = generate.decoder.model
+    for prompt, tokens in zip(prompts, got):
+        sequence = list(prompt)
+        for _ in range(5):
+            ids = np.asarray([sequence])
+            inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            inputs.update({n: np.zeros((1, 4, 0, 8), np.float32) for n in generate.decoder.pasts})
+            sequence.append(int(np.argmax(transmuter.run(model, inputs)["logits"][0, -1])))
+        assert tokens == sequence[len(prompt) :]

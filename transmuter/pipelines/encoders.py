@@ -1,0 +1,220 @@
+"""Encoder tasks: feature-extraction, text-classification and token-classification.
+
+Texts are tokenized with the repository's tokenizer.json, run in batches padded to the longest
+text (the compiled model then pads sequences to a multiple of 16 and batches to a power of two,
+so a few programs serve every batch), and the outputs turned into what transformers' pipelines
+return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.repo import Repo
+
+_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Encoder:
+    """A text encoder's model and tokenizer, running batches of texts."""
+
+    def __init__(self, repo: Repo, task: str, batch_size: int):
+        if batch_size < 1:
+            raise InputError(f"batch_size must be at least 1; got {batch_size}")
+        self.repo = repo
+        self.tokenizer = repo.require_tokenizer(task)
+        self.model = repo.model("model")
+        unknown = [n for n in self.model.inputs if n not in _TEXT_INPUTS]
+        if unknown or "input_ids" not in self.model.inputs:
+            raise ModelLoadError(
+                f"{repo.source}: {task} feeds {', '.join(_TEXT_INPUTS)}; the model takes "
+                f"{self.model.inputs}"
+            )
+        self.batch_size = batch_size
+        self.pad_id = _pad_id(repo, self.tokenizer)
+        limit = repo.config.get("max_position_embeddings")
+        if limit and self.tokenizer.truncation is None:
+            # Past the model's positions the embedding lookup would fail: cut as transformers'
+            # tokenizers do (keeping the special tokens the post-processor adds).
+            self.tokenizer.enable_truncation(limit)
+        self._compiled = None
+
+    def encode(self, texts: Sequence[str]) -> list[Any]:
+        """Each text's tokenizer encoding (truncated to the model's positions)."""
+        if not all(isinstance(t, str) for t in texts):
+            raise InputError("the inputs must be strings, or a list of strings")
+        return self.tokenizer.encode_batch(list(texts))
+
+    def run(self, encodings: Sequence[Any], output: str) -> list[np.ndarray]:
+        """`output` for each encoding, its padding cut off along the sequence when it has one."""
+        if output not in self.model.outputs:
+            raise ModelLoadError(f"{self.repo.source}: the model has no output {output!r}")
+        results = []
+        for start in range(0, len(encodings), self.batch_size):
+            chunk = encodings[start : start + self.batch_size]
+            inputs = self._inputs(chunk)
+            value = np.asarray(self._call(inputs)[output])
+            for row, encoding in enumerate(chunk):
+                results.append(value[row, : len(encoding.ids)] if value.ndim > 2 else value[row])
+        return results
+
+    def _inputs(self, chunk: Sequence[Any]) -> dict[str, np.ndarray]:
+        width = max(len(e.ids) for e in chunk)
+        ids = np.full((len(chunk), width), self.pad_id, np.int64)
+        mask = np.zeros((len(chunk), width), np.int64)
+        types = np.zeros((len(chunk), width), np.int64)
+        for row, encoding in enumerate(chunk):
+            n = len(encoding.ids)
+            ids[row, :n], mask[row, :n], types[row, :n] = encoding.ids, 1, encoding.type_ids
+        given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return {n: given[n] for n in self.model.inputs}
+
+    def _call(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self._compiled is None:
+            self._compiled = transmuter.compile(
+                self.model, inputs, buckets=self._buckets(), pad_values=self._pad_values()
+            )
+        return self._compiled(inputs)
+
+    def _buckets(self) -> dict[str, Any] | None:
+        """The batch and sequence dims of input_ids, by the names the file gives them; none
+        without an attention mask, which alone makes a padded sequence invisible."""
+        shape = getattr(self.model.input_specs["input_ids"], "shape", None) or ()
+        names = [str(d) for d in shape if not isinstance(d, int)]
+        if len(names) != 2 or "attention_mask" not in self.model.inputs:
+            return None
+        return {names[0]: "pow2", names[1]: ("multiple", 16)}
+
+    def _pad_values(self) -> dict[str, int] | None:
+        return {"input_ids": self.pad_id} if self._buckets() else None
+
+
+def _pad_id(repo: Repo, tokenizer: Any) -> int:
+    pad = repo.config.get("pad_token_id")
+    if isinstance(pad, int):
+        return pad
+    for token in ("[PAD]", "<pad>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return found
+    return 0  # masked out: any id in the vocabulary does
+
+
+def _as_list(inputs: Any) -> tuple[list[str], bool]:
+    """The texts, and whether one text (not a list) was given."""
+    if isinstance(inputs, str):
+        return [inputs], True
+    if isinstance(inputs, Sequence) and inputs:
+        return list(inputs), False
+    raise InputError(f"give a string or a non-empty list of strings; got {inputs!r}")
+
+
+class FeatureExtraction:
+    """Text -> embeddings: per token (`pooling="none"`: an array [tokens, hidden] per text) or
+    pooled (`"mean"` over the real tokens, `"cls"` the first token: an array [texts, hidden],
+    [hidden] for one text), L2-normalized with `normalize=True`."""
+
+    def __init__(
+        self, repo: Repo, *, pooling: str = "none", normalize: bool = False, batch_size: int = 8
+    ):
+        if pooling not in ("none", "mean", "cls"):
+            raise InputError(f"pooling must be 'none', 'mean' or 'cls'; got {pooling!r}")
+        self.encoder = Encoder(repo, "feature-extraction", batch_size)
+        self.pooling, self.normalize = pooling, normalize
+        outputs = self.encoder.model.outputs
+        self.output = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
+
+    def __call__(self, inputs: str | Sequence[str]) -> Any:
+        texts, single = _as_list(inputs)
+        hidden = self.encoder.run(self.encoder.encode(texts), self.output)
+        if self.pooling == "none":
+            rows = [_normalized(h) if self.normalize else h for h in hidden]
+            return rows[0] if single else rows
+        pooled = np.stack([h.mean(0) if self.pooling == "mean" else h[0] for h in hidden])
+        if self.normalize:
+            pooled = _normalized(pooled)
+        return pooled[0] if single else pooled
+
+
+def _normalized(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def _labels(repo: Repo, count: int) -> list[str]:
+    """config.json's id2label, or LABEL_i as transformers names unlabeled classes."""
+    names = repo.config.get("id2label") or {}
+    return [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(count)]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+class TextClassification:
+    """Text -> [{"label", "score"}] as transformers' text-classification: softmax over the
+    labels (a sigmoid for one label or multi-label configs); the best label per text, or the
+    `top_k` best (None: all) as a list per text."""
+
+    def __init__(self, repo: Repo, *, top_k: int | None = 1, batch_size: int = 8):
+        self.encoder = Encoder(repo, "text-classification", batch_size)
+        self.top_k = top_k
+        self.sigmoid = (
+            repo.config.get("problem_type") == "multi_label_classification"
+            or len(repo.config.get("id2label") or {}) == 1
+        )
+
+    def __call__(self, inputs: str | Sequence[str]) -> Any:
+        texts, single = _as_list(inputs)
+        logits = self.encoder.run(self.encoder.encode(texts), "logits")
+        results = []
+        for row in logits:
+            scores = 1 / (1 + np.exp(-row)) if self.sigmoid else _softmax(row)
+            labels = _labels(self.encoder.repo, len(scores))
+            order = np.argsort(-scores, kind="stable")[: self.top_k]
+            ranked = [{"label": labels[i], "score": float(scores[i])} for i in order]
+            results.append(ranked[0] if self.top_k == 1 else ranked)
+        if self.top_k == 1:
+            return results  # transformers: [{"label", "score"}] for one text too
+        return results[0] if single else results
+
+
+class TokenClassification:
+    """Text -> one dict per token not labeled in `ignore_labels` (special tokens left out), as
+    transformers' token-classification without aggregation: entity, score (softmax), index
+    (in the tokenized text), word (the token), start and end (character offsets)."""
+
+    def __init__(self, repo: Repo, *, ignore_labels: Sequence[str] = ("O",), batch_size: int = 8):
+        self.encoder = Encoder(repo, "token-classification", batch_size)
+        self.ignore = set(ignore_labels)
+
+    def __call__(self, inputs: str | Sequence[str]) -> Any:
+        texts, single = _as_list(inputs)
+        encodings = self.encoder.encode(texts)
+        results = []
+        for encoding, logits in zip(encodings, self.encoder.run(encodings, "logits")):
+            scores = _softmax(logits)
+            labels = _labels(self.encoder.repo, scores.shape[-1])
+            found = []
+            for index, token in enumerate(encoding.tokens):
+                best = int(scores[index].argmax())
+                if encoding.special_tokens_mask[index] or labels[best] in self.ignore:
+                    continue
+                start, end = encoding.offsets[index]
+                found.append(
+                    {
+                        "entity": labels[best],
+                        "score": float(scores[index, best]),
+                        "index": index,
+                        "word": token,
+                        "start": start,
+                        "end": end,
+                    }
+                )
+            results.append(found)
+        return results[0] if single else results

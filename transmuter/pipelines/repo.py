@@ -1,0 +1,176 @@
+"""`load_repo`: a Hugging Face model repository (a local folder or `hf://org/repo[@revision]`)
+as its configs, its tokenizer and the ONNX files of the layouts the Hub uses.
+
+Optimum writes `model.onnx` (encoders, and decoders with past key values), or
+`encoder_model.onnx` and `decoder_model.onnx` / `decoder_with_past_model.onnx` /
+`decoder_model_merged.onnx`; transformers.js writes the same names under `onnx/`, with a suffix
+per weight type (`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`,
+`model_q4f16.onnx`), which `dtype=` chooses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import transmuter
+from transmuter.errors import ModelLoadError
+from transmuter.frontend import hub
+
+CONFIGS = ("config.json", "generation_config.json", "preprocessor_config.json")
+TOKENIZER = "tokenizer.json"
+# The ONNX files by role, as Optimum names them.
+ROLES = {
+    "model": "model",
+    "encoder": "encoder_model",
+    "decoder": "decoder_model",
+    "decoder_with_past": "decoder_with_past_model",
+    "decoder_merged": "decoder_model_merged",
+}
+# transformers.js's dtype names and the suffix of their files.
+DTYPES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "q4": "_q4", "q4f16": "_q4f16"}
+FOLDERS = ("", "onnx/")
+
+
+@dataclass
+class Repo:
+    """A model repository's files. `config`, `generation_config` and `preprocessor_config` are
+    the JSON files ({} where absent); `onnx` maps a role ("model", "encoder", "decoder",
+    "decoder_with_past", "decoder_merged") to its local file; `tokenizer` is a
+    `tokenizers.Tokenizer` or None."""
+
+    source: str
+    config: dict[str, Any]
+    generation_config: dict[str, Any]
+    preprocessor_config: dict[str, Any]
+    onnx: dict[str, Path]
+    tokenizer: Any = None
+    found: list[str] = field(default_factory=list)  # every file found, for error messages
+    _models: dict[str, transmuter.Model] = field(default_factory=dict, repr=False)
+
+    def model(self, role: str) -> transmuter.Model:
+        """The ONNX file of `role`, loaded once."""
+        if role not in self.onnx:
+            raise ModelLoadError(
+                f"{self.source} has no {ROLES.get(role, role)}.onnx; found {self.found}"
+            )
+        if role not in self._models:
+            self._models[role] = transmuter.load(self.onnx[role])
+        return self._models[role]
+
+    def require_tokenizer(self, task: str) -> Any:
+        if self.tokenizer is None:
+            raise ModelLoadError(
+                f"{task} needs {TOKENIZER}, and {self.source} has none; found {self.found}"
+            )
+        return self.tokenizer
+
+
+def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
+    """Read a repository: a local folder, or `hf://org/repo[@revision]` fetched through
+    huggingface_hub's cache (files at one commit, external data included). `dtype` picks
+    transformers.js's weight files under `onnx/` ("fp32", "fp16", "q8", "q4", "q4f16"); by
+    default Optimum's files at the top, else `onnx/model.onnx` and its siblings."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)} or None; got {dtype!r}")
+    wanted = _candidates(dtype)
+    if isinstance(source, str) and source.startswith(hub.PREFIX):
+        name = source
+        repo, revision = _hub_repo(source)
+        local = hub.fetch_present(repo, [*CONFIGS, TOKENIZER, *wanted], revision)
+    else:
+        name = os.fspath(source)
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ModelLoadError(f"{name!r} is not a folder (or an hf://org/repo source)")
+        local = {path: folder / path for path in [*CONFIGS, TOKENIZER, *wanted]}
+        local = {path: file for path, file in local.items() if file.is_file()}
+        # Every ONNX file where the layouts keep them, so an error shows what dtypes there are.
+        others = [*folder.glob("*.onnx"), *folder.glob("onnx/*.onnx")]
+        found = sorted({*local, *(p.relative_to(folder).as_posix() for p in others)})
+    if isinstance(source, str) and source.startswith(hub.PREFIX):
+        found = sorted(local)
+    onnx = _layout(local, wanted)
+    if not onnx:
+        raise ModelLoadError(
+            f"{name} has no ONNX model in Optimum's or transformers.js's layout"
+            f"{'' if dtype is None else f' for dtype={dtype!r}'} (looked for "
+            f"{', '.join(wanted)}); found {found}"
+        )
+    return Repo(
+        source=name,
+        config=_json(local.get("config.json")),
+        generation_config=_json(local.get("generation_config.json")),
+        preprocessor_config=_json(local.get("preprocessor_config.json")),
+        onnx=onnx,
+        tokenizer=_tokenizer(local.get(TOKENIZER)),
+        found=found,
+    )
+
+
+def _candidates(dtype: str | None) -> dict[str, tuple[str, str]]:
+    """Each file to look for: repository path -> (folder, role), in order of preference."""
+    if dtype is None:
+        places = [("", ""), ("onnx/", "")]
+    else:
+        places = [("onnx/", DTYPES[dtype])]
+    return {
+        f"{folder}{stem}{suffix}.onnx": (folder, role)
+        for folder, suffix in places
+        for role, stem in ROLES.items()
+    }
+
+
+def _layout(local: Mapping[str, Path], wanted: dict[str, tuple[str, str]]) -> dict[str, Path]:
+    """The ONNX files of the first folder that holds any, by role."""
+    for folder in FOLDERS:
+        roles = {
+            role: local[path]
+            for path, (place, role) in wanted.items()
+            if place == folder and path in local
+        }
+        if roles:
+            return roles
+    return {}
+
+
+def _hub_repo(source: str) -> tuple[str, str | None]:
+    """hf://org/repo[@revision] as (repo, revision), with the revision grammar of files."""
+    rest = source[len(hub.PREFIX) :].rstrip("/")
+    if rest.count("/") != 1 or "" in rest.split("/"):
+        raise ModelLoadError(
+            f"{source!r} is not a Hub repository: write hf://org/repo or hf://org/repo@revision"
+        )
+    file = hub.hub_file(f"{hub.PREFIX}{rest}/config.json")
+    return file.repo, file.revision
+
+
+def _json(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not a JSON file ({exc})") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: a config is a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _tokenizer(path: Path | None) -> Any:
+    if path is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ModelLoadError(
+            f"reading {TOKENIZER} needs the tokenizers library: pip install transmuter[pipelines]"
+        ) from None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own Exception for a bad file
+        raise ModelLoadError(f"{path}: not a tokenizer file ({exc})") from None
