@@ -22,7 +22,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import op, variant
 from transmuter.lowering.shared import (
     array_module,
     broadcast_unidirectional,
@@ -540,12 +540,6 @@ def cast_v1(ctx, input, *, to):
     return _cast(input, _target(ctx, input, dtypes.from_onnx(code)))
 
 
-@op("Cast", since=(6, 9, 13), context=True, strings_on_host=True, symbolic=cast_dims)
-def cast_v6(ctx, input, *, to):
-    """ONNX Cast-6..13: cast to element type `to`."""
-    return _cast(input, _target(ctx, input, dtypes.from_onnx(to)))
-
-
 @op("Cast", since=(19, 21), context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v19(ctx, input, *, saturate=1, to):
     """ONNX Cast-19..21: cast; float8 targets saturate (Inf becomes NaN for the FNUZ types)."""
@@ -559,17 +553,17 @@ def cast_v23(ctx, input, *, saturate=1, to):
     return _cast(input, _target(ctx, input, dtypes.from_onnx(to)), saturate=saturate)
 
 
+# Before opset 19 no target type saturates (no float8 types yet): any saturate value is the same.
+cast_v6 = op("Cast", since=(6, 9, 13), context=True, strings_on_host=True, symbolic=cast_dims)(
+    variant(cast_v23, "cast_v6", "ONNX Cast-6..13: cast to element type `to`.", fixed={"saturate": 1})
+)  # fmt: skip
+
+
 @op("Cast", since=(24, 25, 28), context=True, strings_on_host=True, symbolic=cast_dims)
 def cast_v24(ctx, input, *, round_mode="up", saturate=1, to):
     """ONNX Cast-24..28: cast; float8 targets saturate, float8e8m0 rounds by `round_mode`."""
     target = _target(ctx, input, dtypes.from_onnx(to))
     return _cast(input, target, saturate=saturate, round_mode=round_mode)
-
-
-@op("CastLike", since=15, context=True, strings_on_host=True)
-def cast_like_v15(ctx, input, target_type):
-    """ONNX CastLike-15: cast to the element type of `target_type`."""
-    return _cast(input, _target(ctx, input, target_type.dtype))
 
 
 @op("CastLike", since=(19, 21), context=True, strings_on_host=True)
@@ -585,6 +579,12 @@ def cast_like_v23(ctx, input, target_type, *, saturate=1):
     return _cast(input, _target(ctx, input, target_type.dtype), saturate=saturate)
 
 
+cast_like_v15 = op("CastLike", since=15, context=True, strings_on_host=True)(variant(
+    cast_like_v23, "cast_like_v15", "ONNX CastLike-15: cast to the element type of `target_type`.",
+    fixed={"saturate": 1},
+))  # fmt: skip
+
+
 @op("CastLike", since=(24, 25), context=True, strings_on_host=True)
 def cast_like_v24(ctx, input, target_type, *, round_mode="up", saturate=1):
     """ONNX CastLike-24..25: cast like Cast-24 to the element type of `target_type`."""
@@ -595,22 +595,18 @@ def cast_like_v24(ctx, input, target_type, *, round_mode="up", saturate=1):
 # ----------------------------------------------------------------------------- activations
 
 
-@op("LeakyRelu", since=1)
-def leaky_relu_v1(X, *, alpha=0.009999999776482582, consumed_inputs=None):
-    """ONNX LeakyRelu-1: alpha * x for x < 0, else x."""
-    return jnp.where(X < 0, alpha * X, X)
-
-
 @op("LeakyRelu", since=(6, 16))
 def leaky_relu(X, *, alpha=0.009999999776482582):
     """ONNX LeakyRelu-6..16: alpha * x for x < 0, else x."""
     return jnp.where(X < 0, alpha * X, X)
 
 
-@op("PRelu", since=1)
-def prelu_v1(X, slope, *, consumed_inputs=None):
-    """ONNX PRelu-1: slope * x for x < 0, else x; slope is shared, per channel or per element."""
-    return prelu_v6(X, slope)
+# Version 1 of the activations carries the legacy `consumed_inputs` attribute (an in-place hint).
+_CONSUMED = {"consumed_inputs": None}
+leaky_relu_v1 = op("LeakyRelu", since=1)(variant(
+    leaky_relu, "leaky_relu_v1", "ONNX LeakyRelu-1: alpha * x for x < 0, else x.",
+    ignored=_CONSUMED,
+))  # fmt: skip
 
 
 @op("PRelu", since=6)
@@ -631,6 +627,12 @@ def prelu_v6(X, slope):
     return jnp.where(X < 0, slope * X, X)
 
 
+prelu_v1 = op("PRelu", since=1)(variant(
+    prelu_v6, "prelu_v1", "ONNX PRelu-1: PRelu-6 with the legacy consumed_inputs.",
+    ignored=_CONSUMED,
+))  # fmt: skip
+
+
 @op("PRelu", since=(7, 9, 16))
 def prelu(X, slope):
     """ONNX PRelu-7..16: slope * x for x < 0, else x; slope broadcasts onto X."""
@@ -642,16 +644,15 @@ def _elu(X, *, alpha):
     return jnp.where(X < 0, alpha * jnp.expm1(X), X)
 
 
-@op("Elu", since=1)
-def elu_v1(X, *, alpha=1.0, consumed_inputs=None):
-    """ONNX Elu-1: alpha * (exp(x) - 1) for x < 0, else x."""
-    return _elu(X, alpha=alpha)
-
-
 @op("Elu", since=(6, 22))
 def elu(X, *, alpha=1.0):
     """ONNX Elu-6..22: alpha * (exp(x) - 1) for x < 0, else x."""
     return _elu(X, alpha=alpha)
+
+
+elu_v1 = op("Elu", since=1)(variant(
+    elu, "elu_v1", "ONNX Elu-1: alpha * (exp(x) - 1) for x < 0, else x.", ignored=_CONSUMED
+))  # fmt: skip
 
 
 @_half_in_float32
@@ -659,16 +660,16 @@ def _selu(X, *, alpha, gamma):
     return gamma * jnp.where(X <= 0, alpha * jnp.expm1(X), X)
 
 
-@op("Selu", since=1)
-def selu_v1(X, *, alpha=1.673200011253357, consumed_inputs=None, gamma=1.0506999492645264):
-    """ONNX Selu-1: gamma * (alpha * (exp(x) - 1) for x <= 0, else x)."""
-    return _selu(X, alpha=alpha, gamma=gamma)
-
-
 @op("Selu", since=(6, 22))
 def selu(X, *, alpha=1.6732631921768188, gamma=1.0507010221481323):
     """ONNX Selu-6..22: gamma * (alpha * (exp(x) - 1) for x <= 0, else x)."""
     return _selu(X, alpha=alpha, gamma=gamma)
+
+
+selu_v1 = op("Selu", since=1)(variant(
+    selu, "selu_v1", "ONNX Selu-1: gamma * (alpha * (exp(x) - 1) for x <= 0, else x).",
+    ignored=_CONSUMED, defaults={"alpha": 1.673200011253357, "gamma": 1.0506999492645264},
+))  # fmt: skip
 
 
 @op("Celu", since=(12, 28))
@@ -678,16 +679,16 @@ def celu(X, *, alpha=1.0):
     return jnp.maximum(X, 0) + jnp.minimum(0, alpha * jnp.expm1(X / alpha))
 
 
-@op("HardSigmoid", since=1)
-def hard_sigmoid_v1(X, *, alpha=0.20000000298023224, beta=0.5, consumed_inputs=None):
-    """ONNX HardSigmoid-1: max(0, min(1, alpha * x + beta))."""
-    return jnp.clip(alpha * X + beta, 0, 1)
-
-
 @op("HardSigmoid", since=(6, 22))
 def hard_sigmoid(X, *, alpha=0.20000000298023224, beta=0.5):
     """ONNX HardSigmoid-6..22: max(0, min(1, alpha * x + beta))."""
     return jnp.clip(alpha * X + beta, 0, 1)
+
+
+hard_sigmoid_v1 = op("HardSigmoid", since=1)(variant(
+    hard_sigmoid, "hard_sigmoid_v1", "ONNX HardSigmoid-1: max(0, min(1, alpha * x + beta)).",
+    ignored=_CONSUMED,
+))  # fmt: skip
 
 
 @op("ThresholdedRelu", since=(10, 22))

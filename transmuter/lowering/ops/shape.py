@@ -16,7 +16,7 @@ from jax.export import is_symbolic_dim
 
 from transmuter import dtypes
 from transmuter.errors import ShapeError
-from transmuter.lowering import op
+from transmuter.lowering import Attribute, op, variant
 from transmuter.lowering.shared import (
     array_module,
     check_size,
@@ -102,16 +102,19 @@ def reshape_v1(data, *, consumed_inputs=None, shape=None):
     return _reshape(data, shape if shape is not None else (), allowzero=0)
 
 
-@op("Reshape", since=(5, 13), host_inputs={"shape": "the target shape"}, symbolic=True)
-def reshape_v5(data, shape):
-    """ONNX Reshape-5..13: reshape to the `shape` input (0 copies a dim, -1 is inferred)."""
-    return _reshape(data, shape, allowzero=0)
-
-
 @op("Reshape", since=(14, 19, *_LATEST), host_inputs={"shape": "the target shape"}, symbolic=True)
 def reshape_v14(data, shape, *, allowzero=0):
     """ONNX Reshape-14..25: reshape; with allowzero=1 a 0 in `shape` is a zero-size dim."""
     return _reshape(data, shape, allowzero)
+
+
+reshape_v5 = op("Reshape", since=(5, 13), host_inputs={"shape": "the target shape"}, symbolic=True)(
+    variant(
+        reshape_v14, "reshape_v5",
+        "ONNX Reshape-5..13: reshape to the `shape` input (0 copies a dim, -1 is inferred).",
+        fixed={"allowzero": 0},
+    )
+)  # fmt: skip
 
 
 @op("Flatten", since=(1, 9, 11, 13, *_LATEST), symbolic=True)
@@ -141,16 +144,17 @@ def _squeeze(data, axes):
     return host_module(data).reshape(data, shape)
 
 
-@op("Squeeze", since=(1, 11), symbolic=True)
-def squeeze_v1(data, *, axes=None):
-    """ONNX Squeeze-1..11: drop the size-1 dims in the `axes` attribute (all if absent)."""
-    return _squeeze(data, axes)
-
-
 @op("Squeeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to drop"}, symbolic=True)
 def squeeze_v13(data, axes=None):
     """ONNX Squeeze-13..25: drop the size-1 dims in the `axes` input (all if absent)."""
     return _squeeze(data, None if axes is None else host_ints(axes))
+
+
+squeeze_v1 = op("Squeeze", since=(1, 11), symbolic=True)(variant(
+    squeeze_v13, "squeeze_v1",
+    "ONNX Squeeze-1..11: drop the size-1 dims in the `axes` attribute (all if absent).",
+    attributes={"axes": Attribute("axes", None, np.int64)},
+))  # fmt: skip
 
 
 def _unsqueeze(data, axes):
@@ -163,16 +167,17 @@ def _unsqueeze(data, axes):
     return host_module(data).reshape(data, shape)
 
 
-@op("Unsqueeze", since=(1, 11), symbolic=True)
-def unsqueeze_v1(data, *, axes):
-    """ONNX Unsqueeze-1..11: insert size-1 dims at the `axes` attribute (output positions)."""
-    return _unsqueeze(data, list(axes))
-
-
 @op("Unsqueeze", since=(13, *_LATEST), host_inputs={"axes": "the axes to insert"}, symbolic=True)
 def unsqueeze_v13(data, axes):
     """ONNX Unsqueeze-13..25: insert size-1 dims at the `axes` input (output positions)."""
     return _unsqueeze(data, host_ints(axes))
+
+
+unsqueeze_v1 = op("Unsqueeze", since=(1, 11), symbolic=True)(variant(
+    unsqueeze_v13, "unsqueeze_v1",
+    "ONNX Unsqueeze-1..11: insert size-1 dims at the `axes` attribute (output positions).",
+    attributes={"axes": Attribute("axes", dtype=np.int64)},
+))  # fmt: skip
 
 
 @op("Transpose", since=(1, 13, *_LATEST), symbolic=True)
@@ -205,16 +210,16 @@ def _depth_to_space(x, blocksize: int, mode: str):
     return xp.reshape(x, (b, c // (bs * bs), h * bs, w * bs))
 
 
-@op("DepthToSpace", since=1)
-def depth_to_space_v1(input, *, blocksize):
-    """ONNX DepthToSpace-1: move depth into spatial blocks (DCR order)."""
-    return _depth_to_space(input, blocksize, "DCR")
-
-
 @op("DepthToSpace", since=(11, 13, 28))
 def depth_to_space_v11(input, *, blocksize, mode="DCR"):
     """ONNX DepthToSpace-11..28: move depth into spatial blocks in DCR or CRD order."""
     return _depth_to_space(input, blocksize, mode)
+
+
+depth_to_space_v1 = op("DepthToSpace", since=1)(variant(
+    depth_to_space_v11, "depth_to_space_v1",
+    "ONNX DepthToSpace-1: move depth into spatial blocks (DCR order).", fixed={"mode": "DCR"},
+))  # fmt: skip
 
 
 def _space_to_depth(x, blocksize: int, mode: str):
@@ -511,16 +516,17 @@ def pad_v2(data, *, pads, mode="constant", value=0.0):
     return _pad(data, pads, value, None, mode, _PAD_MODES)
 
 
-@op("Pad", since=(11, 13), host_inputs={"pads": "the pad widths"})
-def pad_v11(data, pads, constant_value=None, *, mode="constant"):
-    """ONNX Pad-11..13: pad by the `pads` input with constant, reflect or edge values."""
-    return _pad(data, pads, constant_value, None, mode, _PAD_MODES)
-
-
 @op("Pad", since=18, host_inputs={"pads": "the pad widths", "axes": "the padded axes"})
 def pad_v18(data, pads, constant_value=None, axes=None, *, mode="constant"):
     """ONNX Pad-18: Pad-13 restricted to the `axes` input."""
     return _pad(data, pads, constant_value, axes, mode, _PAD_MODES)
+
+
+pad_v11 = op("Pad", since=(11, 13), host_inputs={"pads": "the pad widths"})(variant(
+    pad_v18, "pad_v11",
+    "ONNX Pad-11..13: pad by the `pads` input with constant, reflect or edge values.",
+    fixed={"axes": None},
+))  # fmt: skip
 
 
 @op("Pad", since=(19, *_LATEST), host_inputs={"pads": "the pad widths", "axes": "the padded axes"})
