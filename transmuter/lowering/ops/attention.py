@@ -156,51 +156,12 @@ def _attention(
     """Every version of ONNX Attention, with Attention-25's inputs and attributes: pad_mask pads
     a mask shorter than the keys (24), heads_with_4d allows the head counts with 4-D inputs
     (23 and 24)."""
-    q, k, v = jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V)
-    if not q.ndim == k.ndim == v.ndim:
-        raise ShapeError(
-            f"Attention: Q, K and V must all be 3-D or all 4-D, got {q.shape}, {k.shape}, {v.shape}"
-        )
-    packed = q.ndim == 3
-    if packed:
-        q = _to_heads("Q", q, q_num_heads, "q_num_heads")
-        k = _to_heads("K", k, kv_num_heads, "kv_num_heads")
-        v = _to_heads("V", v, kv_num_heads, "kv_num_heads")
-    elif q.ndim == 4:
-        _check_4d_heads("Q", q, q_num_heads, "q_num_heads", heads_with_4d)
-        _check_4d_heads("K", k, kv_num_heads, "kv_num_heads", heads_with_4d)
-    else:
-        raise ShapeError(f"Attention: Q must be 3-D or 4-D, got shape {q.shape}")
+    q, k, v, packed = _as_heads(Q, K, V, q_num_heads, kv_num_heads, heads_with_4d)
     batch, heads, q_len, head_size = q.shape
-    kv_heads = k.shape[1]
-    if k.shape[0] != batch or v.shape[0] != batch or k.shape[3] != head_size:
-        raise ShapeError(
-            f"Attention: K {k.shape} must match Q {q.shape} in batch and head size "
-            "(as (batch, heads, sequence, head_size))"
-        )
-    if v.shape[1] != kv_heads or v.shape[2] != k.shape[2]:
-        raise ShapeError(f"Attention: V {v.shape} must match K {k.shape} in heads and sequence")
-    if kv_heads == 0 or heads % kv_heads:
-        raise ShapeError(
-            f"Attention: the query heads ({heads}) must be a multiple of the key/value heads "
-            f"({kv_heads})"
-        )
-    if (past_key is None) != (past_value is None):
-        raise ValueError("Attention: past_key and past_value must be given together")
-    if nonpad_kv_seqlen is not None and past_key is not None:
-        raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
-    if qk_matmul_output_mode not in (0, 1, 2, 3):
-        raise ValueError(
-            f"Attention: qk_matmul_output_mode must be 0, 1, 2 or 3, got {qk_matmul_output_mode}"
-        )
-    if softcap < 0:
-        raise ValueError(f"Attention: softcap must be >= 0, got {softcap}")
-    for name, size in (
-        ("left_window_size", left_window_size),
-        ("right_window_size", right_window_size),
-    ):
-        if size < -1:
-            raise ValueError(f"Attention: {name} must be -1 or >= 0, got {size}")
+    _check_options(
+        past_key, past_value, nonpad_kv_seqlen, qk_matmul_output_mode, softcap,
+        left_window_size, right_window_size,
+    )  # fmt: skip
 
     k, v, past = append_past("Attention", past_key, past_value, k, v)
     present_key, present_value = k, v
@@ -208,22 +169,11 @@ def _attention(
 
     out_dtype = q.dtype
     acc = accumulation_dtype(out_dtype)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
-    # Q and K are each scaled by sqrt(scale) before the product, as the spec does, so that
-    # half-precision scores do not overflow.
-    root = jnp.asarray(math.sqrt(abs(scale)), out_dtype)
-    qs = q * (root if scale >= 0 else -root)
-    ks = k * root.astype(k.dtype)
-    group = heads // kv_heads
-    grouped = qs.reshape(batch, kv_heads, group, q_len, head_size)
-    scores = jnp.einsum("bhgqd,bhkd->bhgqk", grouped, ks, preferred_element_type=acc)
-    scores = scores.reshape(batch, heads, q_len, total)
-    raw = scores
+    raw = _scores(q, k, scale, acc)
+    capped = raw
     if softcap > 0:
         cap = jnp.asarray(softcap, acc)
-        scores = cap * jnp.tanh(scores / cap)
-    capped = scores
+        capped = cap * jnp.tanh(raw / cap)
 
     target = (batch, heads, q_len, total)
     bias = None if attn_mask is None else _mask_bias(attn_mask, target, acc, pad_mask)
@@ -242,9 +192,22 @@ def _attention(
     if allowed is not None:
         blocked = jnp.where(allowed, jnp.asarray(0, acc), jnp.asarray(-jnp.inf, acc))
         bias = blocked if bias is None else bias + blocked
-    if bias is not None:
-        scores = scores + bias
+    scores = capped if bias is None else capped + bias
+    probs = _probabilities(scores, bias, softmax_precision, acc)
 
+    y = _weighted_values(probs, v, out_dtype)
+    if packed:
+        y = y.transpose(0, 2, 1, 3).reshape(batch, q_len, heads * v.shape[3])
+
+    qk = None
+    if ctx.wants(3):
+        qk = (raw, capped, scores, probs)[qk_matmul_output_mode].astype(out_dtype)
+    return y, present_key, present_value, qk
+
+
+def _probabilities(scores, bias, softmax_precision, acc):
+    """softmax(scores) over the keys, in softmax_precision when given (rounding the scores and
+    the probabilities to it); a query whose every key the bias masks gets zeros, not NaN."""
     if softmax_precision is None:
         probs = _softmax(scores, acc)
     else:
@@ -254,29 +217,97 @@ def _attention(
                 f"got {softmax_precision}"
             )
         precision = dtypes.from_onnx(softmax_precision)
-        # The scores are rounded to softmax_precision and so are the probabilities; the
-        # arithmetic in between runs at least in float32.
+        # The arithmetic between the two roundings runs at least in float32.
         probs = _softmax(scores.astype(precision), accumulation_dtype(precision)).astype(precision)
     if bias is not None:
-        # A query whose every key is masked attends to nothing: its row is zero, not NaN.
-        empty = jnp.all(jnp.isneginf(jnp.broadcast_to(bias, target)), axis=-1, keepdims=True)
+        empty = jnp.all(jnp.isneginf(jnp.broadcast_to(bias, scores.shape)), axis=-1, keepdims=True)
         probs = jnp.where(empty, jnp.zeros((), probs.dtype), probs)
+    return probs
 
+
+def _weighted_values(probs, v, out_dtype):
+    """probs·V per head, [batch, heads, q_len, v_head_size] in out_dtype; each query-head
+    group meets its key/value head."""
+    batch, heads, q_len, total = probs.shape
+    kv_heads = v.shape[1]
     pv = out_dtype
     if v.dtype != out_dtype:  # V (T2) may differ from Q (T1): meet in the wider float
         pv = np.dtype(np.float64 if np.float64 in (out_dtype, v.dtype) else np.float32)
-    weights = probs.astype(pv).reshape(batch, kv_heads, group, q_len, total)
+    weights = probs.astype(pv).reshape(batch, kv_heads, heads // kv_heads, q_len, total)
     y = jnp.einsum(
         "bhgqk,bhkd->bhgqd", weights, v.astype(pv), preferred_element_type=accumulation_dtype(pv)
     )
-    y = y.reshape(batch, heads, q_len, v.shape[3]).astype(out_dtype)
-    if packed:
-        y = y.transpose(0, 2, 1, 3).reshape(batch, q_len, heads * v.shape[3])
+    return y.reshape(batch, heads, q_len, v.shape[3]).astype(out_dtype)
 
-    qk = None
-    if ctx.wants(3):
-        qk = (raw, capped, scores, probs)[qk_matmul_output_mode].astype(out_dtype)
-    return y, present_key, present_value, qk
+
+def _as_heads(Q, K, V, q_num_heads, kv_num_heads, heads_with_4d: bool):
+    """Q, K, V as (batch, heads, sequence, head_size), checked against one another, and
+    whether they came packed as (batch, sequence, heads * head_size)."""
+    q, k, v = jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V)
+    if not q.ndim == k.ndim == v.ndim:
+        raise ShapeError(
+            f"Attention: Q, K and V must all be 3-D or all 4-D, got {q.shape}, {k.shape}, {v.shape}"
+        )
+    packed = q.ndim == 3
+    if packed:
+        q = _to_heads("Q", q, q_num_heads, "q_num_heads")
+        k = _to_heads("K", k, kv_num_heads, "kv_num_heads")
+        v = _to_heads("V", v, kv_num_heads, "kv_num_heads")
+    elif q.ndim == 4:
+        _check_4d_heads("Q", q, q_num_heads, "q_num_heads", heads_with_4d)
+        _check_4d_heads("K", k, kv_num_heads, "kv_num_heads", heads_with_4d)
+    else:
+        raise ShapeError(f"Attention: Q must be 3-D or 4-D, got shape {q.shape}")
+    batch, heads, _, head_size = q.shape
+    kv_heads = k.shape[1]
+    if k.shape[0] != batch or v.shape[0] != batch or k.shape[3] != head_size:
+        raise ShapeError(
+            f"Attention: K {k.shape} must match Q {q.shape} in batch and head size "
+            "(as (batch, heads, sequence, head_size))"
+        )
+    if v.shape[1] != kv_heads or v.shape[2] != k.shape[2]:
+        raise ShapeError(f"Attention: V {v.shape} must match K {k.shape} in heads and sequence")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ShapeError(
+            f"Attention: the query heads ({heads}) must be a multiple of the key/value heads "
+            f"({kv_heads})"
+        )
+    return q, k, v, packed
+
+
+def _check_options(
+    past_key, past_value, nonpad_kv_seqlen, qk_matmul_output_mode, softcap, *windows
+) -> None:
+    if (past_key is None) != (past_value is None):
+        raise ValueError("Attention: past_key and past_value must be given together")
+    if nonpad_kv_seqlen is not None and past_key is not None:
+        raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    if qk_matmul_output_mode not in (0, 1, 2, 3):
+        raise ValueError(
+            f"Attention: qk_matmul_output_mode must be 0, 1, 2 or 3, got {qk_matmul_output_mode}"
+        )
+    if softcap < 0:
+        raise ValueError(f"Attention: softcap must be >= 0, got {softcap}")
+    for name, size in zip(("left_window_size", "right_window_size"), windows):
+        if size < -1:
+            raise ValueError(f"Attention: {name} must be -1 or >= 0, got {size}")
+
+
+def _scores(q, k, scale, acc):
+    """Q·Kᵀ times `scale` (1/sqrt(head_size) by default), [batch, heads, q_len, total], with
+    each query-head group meeting its key/value head."""
+    batch, heads, q_len, head_size = q.shape
+    kv_heads, total = k.shape[1], k.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
+    # Q and K are each scaled by sqrt(scale) before the product, as the spec does, so that
+    # half-precision scores do not overflow.
+    root = jnp.asarray(math.sqrt(abs(scale)), q.dtype)
+    qs = q * (root if scale >= 0 else -root)
+    ks = k * root.astype(k.dtype)
+    grouped = qs.reshape(batch, kv_heads, heads // kv_heads, q_len, head_size)
+    scores = jnp.einsum("bhgqd,bhkd->bhgqk", grouped, ks, preferred_element_type=acc)
+    return scores.reshape(batch, heads, q_len, total)
 
 
 attention_v23 = op("Attention", since=23, context=True)(variant(

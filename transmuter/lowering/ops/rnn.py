@@ -171,35 +171,11 @@ def recurrent(
     if layout == 1:
         X = jnp.swapaxes(X, 0, 1)
     steps, batch, input_size = X.shape
+    W, R, Wb, Rb, P = _weights(kind, W, R, B, P, num_dir, input_size, hidden_size, dtype)
     hidden = R.shape[-1]
-    if hidden_size is not None and hidden_size != hidden:
-        raise ShapeError(f"hidden_size is {hidden_size} but R's last dim is {hidden}")
-    width = kind.gates * hidden
-    _check_shape("W", W, (num_dir, width, input_size))
-    _check_shape("R", R, (num_dir, width, hidden))
-    W, R = jnp.asarray(W, dtype), jnp.asarray(R, dtype)
-    if B is not None:
-        _check_shape("B", B, (num_dir, 2 * width))
-        Wb, Rb = jnp.split(jnp.asarray(B, dtype), 2, axis=-1)
-    else:
-        Wb = Rb = jnp.zeros((num_dir, width), dtype)
-    if P is not None:
-        _check_shape("P", P, (num_dir, 3 * hidden))
-        P = jnp.asarray(P, dtype)
-
-    def state(value, name):
-        if value is None:
-            return jnp.zeros((num_dir, batch, hidden), dtype)
-        value = jnp.asarray(value, dtype)
-        if layout == 1:
-            value = jnp.swapaxes(value, 0, 1)
-        _check_shape(
-            f"{name} (as [num_directions, batch, hidden])", value, (num_dir, batch, hidden)
-        )
-        return value
-
-    h0 = state(initial_h, "initial_h")
-    c0 = state(initial_c, "initial_c") if kind is LSTM else None
+    shape = (num_dir, batch, hidden)
+    h0 = _initial_state(initial_h, "initial_h", shape, layout, dtype)
+    c0 = _initial_state(initial_c, "initial_c", shape, layout, dtype) if kind is LSTM else None
 
     lens = lengths(sequence_lens, steps, batch)
     t = jnp.arange(steps, dtype=jnp.int32)[:, None]
@@ -249,18 +225,54 @@ def recurrent(
         final = jax.tree.map(jnp.zeros_like, final)
     elif lens is not None:
         final = tuple(tuple(jnp.where(lens[:, None] > 0, s, 0) for s in f) for f in final)
-    results: list[Any] = []
+    Y = None
     if want_y:
         Y = jnp.stack([to_step_order(ys[d], d) for d in range(num_dir)], axis=1)
-        results.append(jnp.transpose(Y, (2, 0, 1, 3)) if layout == 1 else Y)
+    return _outputs(ctx, kind, Y, final, layout, out_dtype)
+
+
+def _weights(kind: Kind, W, R, B, P, num_dir: int, input_size: int, hidden_size, dtype):
+    """W, R, the input and recurrent biases (split from B, zero when absent) and the peepholes
+    P, checked against the spec's shapes and cast to the compute type."""
+    hidden = R.shape[-1]
+    if hidden_size is not None and hidden_size != hidden:
+        raise ShapeError(f"hidden_size is {hidden_size} but R's last dim is {hidden}")
+    width = kind.gates * hidden
+    _check_shape("W", W, (num_dir, width, input_size))
+    _check_shape("R", R, (num_dir, width, hidden))
+    W, R = jnp.asarray(W, dtype), jnp.asarray(R, dtype)
+    if B is not None:
+        _check_shape("B", B, (num_dir, 2 * width))
+        Wb, Rb = jnp.split(jnp.asarray(B, dtype), 2, axis=-1)
     else:
-        results.append(None)
+        Wb = Rb = jnp.zeros((num_dir, width), dtype)
+    if P is not None:
+        _check_shape("P", P, (num_dir, 3 * hidden))
+        P = jnp.asarray(P, dtype)
+    return W, R, Wb, Rb, P
+
+
+def _initial_state(value, name: str, shape: tuple, layout: int, dtype):
+    """initial_h or initial_c as [num_directions, batch, hidden] (zeros when absent)."""
+    if value is None:
+        return jnp.zeros(shape, dtype)
+    value = jnp.asarray(value, dtype)
+    if layout == 1:
+        value = jnp.swapaxes(value, 0, 1)
+    _check_shape(f"{name} (as [num_directions, batch, hidden])", value, shape)
+    return value
+
+
+def _outputs(ctx, kind: Kind, Y, final, layout: int, dtype) -> tuple:
+    """Y [steps, num_directions, batch, hidden] (None when not wanted), then the last h (and
+    c for LSTM) per direction, in `layout`, as far as the node lists outputs."""
+    results: list[Any] = [None if Y is None else jnp.transpose(Y, (2, 0, 1, 3)) if layout else Y]
     for index in range(1, 3 if kind is LSTM else 2):
         if index < ctx.num_outputs:
             last = jnp.stack([f[index - 1] for f in final])
             results.append(jnp.swapaxes(last, 0, 1) if layout == 1 else last)
     results = results[: ctx.num_outputs]
-    return tuple(None if r is None else r.astype(out_dtype) for r in results)
+    return tuple(None if r is None else r.astype(dtype) for r in results)
 
 
 def lengths(sequence_lens, steps: int, batch: int):

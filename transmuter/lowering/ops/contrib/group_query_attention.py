@@ -13,6 +13,9 @@ gets zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -148,6 +151,102 @@ def _rotate(x, positions, cos_cache, sin_cache, interleaved):
     )
 
 
+def _checked_past(past_key, past_value, batch: int, kv_num_heads: int, size: int):
+    """The past key and value as arrays (both or neither), checked to be BNSH."""
+    if (past_key is None) != (past_value is None):
+        raise ValueError(f"{_OP}: past_key and past_value must be given together")
+    if past_key is None:
+        return None, None
+    past_key, past_value = jnp.asarray(past_key), jnp.asarray(past_value)
+    expected = (batch, kv_num_heads, past_key.shape[2], size)
+    if past_key.shape != expected or past_value.shape != expected:
+        raise ShapeError(
+            f"{_OP}: past_key and past_value must be (batch, kv_num_heads, past_sequence, "
+            f"head_size) = {expected}, got {past_key.shape} and {past_value.shape}"
+        )
+    return past_key, past_value
+
+
+@dataclass(frozen=True)
+class _Cache:
+    """Where each row's new tokens go in the cache: `lengths` valid slots after this step,
+    `counts` new tokens written from `starts`, at `positions` [batch, steps]."""
+
+    lengths: jax.Array
+    counts: jax.Array
+    starts: jax.Array
+    positions: jax.Array
+    first_prompt: bool
+
+
+def _cache_positions(seqlens_k, query_seqlens, batch, steps, past_len, total) -> _Cache:
+    """seqlens_k holds each row's total length minus one; without query_seqlens every row adds
+    `steps` tokens, and a first prompt (total == steps) writes from slot 0."""
+    lengths = jnp.asarray(seqlens_k).astype(np.int64)
+    if lengths.shape != (batch,):
+        raise ShapeError(f"{_OP}: seqlens_k must have shape ({batch},), got {lengths.shape}")
+    lengths = lengths + 1
+    first_prompt = False
+    if query_seqlens is not None:
+        counts = jnp.asarray(query_seqlens).astype(np.int64)
+        if counts.shape != (batch,):
+            raise ShapeError(f"{_OP}: query_seqlens must have shape ({batch},), got {counts.shape}")
+    else:
+        if not (total <= past_len or total == past_len + steps):
+            raise ShapeError(
+                f"{_OP}: total_sequence_length must be past_sequence_length + "
+                f"sequence_length ({past_len} + {steps}) for a growing cache or at most "
+                f"past_sequence_length for a fixed one, got {total}"
+            )
+        first_prompt = total == steps
+        counts = jnp.full((batch,), steps, np.int64)
+    starts = jnp.zeros((batch,), np.int64) if first_prompt else lengths - counts
+    positions = starts[:, None] + jnp.arange(steps, dtype=np.int64)[None, :]
+    return _Cache(lengths, counts, starts, positions, first_prompt)
+
+
+def _rotary_positions(cache: _Cache, position_ids, batch: int, steps: int):
+    """The positions rotary embedding rotates by: the cache positions, or position_ids."""
+    if position_ids is None:
+        return cache.positions
+    ids = jnp.asarray(position_ids).astype(np.int64)
+    if cache.first_prompt:
+        # ONNX Runtime reads only the first position id on the first prompt.
+        first = ids.reshape(-1)[0] + jnp.arange(steps, dtype=np.int64)
+        return jnp.broadcast_to(first, (batch, steps))
+    if ids.shape != (batch, steps):
+        raise ShapeError(
+            f"{_OP}: position_ids must be (batch, sequence) = ({batch}, {steps}), got {ids.shape}"
+        )
+    return ids
+
+
+def _allowed(cache: _Cache, length: int, causal, local_window_size: int):
+    """[batch, 1, steps, length]: the cache slots each query may attend to."""
+    slots = jnp.arange(length, dtype=np.int64)[None, None, :]
+    positions = cache.positions[:, :, None]
+    allowed = slots < cache.lengths[:, None, None]
+    if causal:
+        allowed = allowed & (slots <= positions)
+        if local_window_size >= 0:
+            allowed = allowed & (slots > positions - local_window_size)
+    batch, steps = cache.positions.shape
+    return jnp.broadcast_to(allowed, (batch, steps, length))[:, None]
+
+
+def _sink(head_sink, smooth_softmax: int, num_heads: int, dtype):
+    """The per-head sink logit added to the softmax's denominator: head_sink, or 0 for
+    smooth_softmax; None for neither."""
+    if head_sink is not None:
+        sink = jnp.asarray(head_sink)
+        if sink.shape != (num_heads,):
+            raise ShapeError(f"{_OP}: head_sink must have shape ({num_heads},), got {sink.shape}")
+        return sink
+    if smooth_softmax == 1:
+        return jnp.zeros((num_heads,), accumulation_dtype(dtype))
+    return None
+
+
 @op(
     "GroupQueryAttention",
     since=1,
@@ -218,72 +317,22 @@ def group_query_attention(
     q, k, v = _split_qkv(query, key, value, num_heads, kv_num_heads)
     batch, _, steps, size = q.shape
     total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-    if (past_key is None) != (past_value is None):
-        raise ValueError(f"{_OP}: past_key and past_value must be given together")
-    past_len = 0
-    if past_key is not None:
-        past_key, past_value = jnp.asarray(past_key), jnp.asarray(past_value)
-        expected = (batch, kv_num_heads, past_key.shape[2], size)
-        if past_key.shape != expected or past_value.shape != expected:
-            raise ShapeError(
-                f"{_OP}: past_key and past_value must be (batch, kv_num_heads, past_sequence, "
-                f"head_size) = {expected}, got {past_key.shape} and {past_value.shape}"
-            )
-        past_len = past_key.shape[2]
-    lengths = jnp.asarray(seqlens_k).astype(np.int64)
-    if lengths.shape != (batch,):
-        raise ShapeError(f"{_OP}: seqlens_k must have shape ({batch},), got {lengths.shape}")
-    lengths = lengths + 1
-    first_prompt = False
-    if query_seqlens is not None:
-        counts = jnp.asarray(query_seqlens).astype(np.int64)
-        if counts.shape != (batch,):
-            raise ShapeError(f"{_OP}: query_seqlens must have shape ({batch},), got {counts.shape}")
-    else:
-        if not (total <= past_len or total == past_len + steps):
-            raise ShapeError(
-                f"{_OP}: total_sequence_length must be past_sequence_length + "
-                f"sequence_length ({past_len} + {steps}) for a growing cache or at most "
-                f"past_sequence_length for a fixed one, got {total}"
-            )
-        first_prompt = total == steps
-        counts = jnp.full((batch,), steps, np.int64)
-    starts = jnp.zeros((batch,), np.int64) if first_prompt else lengths - counts
-    positions = starts[:, None] + jnp.arange(steps, dtype=np.int64)[None, :]
+    past_key, past_value = _checked_past(past_key, past_value, batch, kv_num_heads, size)
+    past_len = 0 if past_key is None else past_key.shape[2]
+    cache = _cache_positions(seqlens_k, query_seqlens, batch, steps, past_len, total)
 
     if do_rotary:
         if cos_cache is None or sin_cache is None:
             raise ValueError(f"{_OP}: do_rotary needs cos_cache and sin_cache")
-        rotary_positions = positions
-        if position_ids is not None:
-            ids = jnp.asarray(position_ids).astype(np.int64)
-            if first_prompt:
-                # ONNX Runtime reads only the first position id on the first prompt.
-                rotary_positions = jnp.broadcast_to(
-                    ids.reshape(-1)[0] + jnp.arange(steps, dtype=np.int64), (batch, steps)
-                )
-            elif ids.shape == (batch, steps):
-                rotary_positions = ids
-            else:
-                raise ShapeError(
-                    f"{_OP}: position_ids must be (batch, sequence) = ({batch}, {steps}), got "
-                    f"{ids.shape}"
-                )
+        rotary_positions = _rotary_positions(cache, position_ids, batch, steps)
         interleaved = rotary_interleaved or 0
         q = _rotate(q, rotary_positions, cos_cache, sin_cache, interleaved)
         k = _rotate(k, rotary_positions, cos_cache, sin_cache, interleaved)
 
     length = max(past_len, total)
-    present_key = _present(past_key, k, starts, counts, length)
-    present_value = _present(past_value, v, starts, counts, length)
-
-    slots = jnp.arange(length, dtype=np.int64)[None, None, :]
-    allowed = slots < lengths[:, None, None]
-    if causal:
-        allowed = allowed & (slots <= positions[:, :, None])
-        if local_window_size >= 0:
-            allowed = allowed & (slots > positions[:, :, None] - local_window_size)
-    allowed = jnp.broadcast_to(allowed, (batch, steps, length))[:, None]
+    present_key = _present(past_key, k, cache.starts, cache.counts, length)
+    present_value = _present(past_value, v, cache.starts, cache.counts, length)
+    allowed = _allowed(cache, length, causal, local_window_size)
 
     bias = None
     if attention_bias is not None:
@@ -291,13 +340,7 @@ def group_query_attention(
         bias = bias.astype(accumulation_dtype(q.dtype))
         if length > total:
             bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, length - total)))
-    sink = None
-    if head_sink is not None:
-        sink = jnp.asarray(head_sink)
-        if sink.shape != (num_heads,):
-            raise ShapeError(f"{_OP}: head_sink must have shape ({num_heads},), got {sink.shape}")
-    elif smooth_softmax == 1:
-        sink = jnp.zeros((num_heads,), accumulation_dtype(q.dtype))
+    sink = _sink(head_sink, smooth_softmax, num_heads, q.dtype)
 
     out, scores, probs = attend(
         q,
