@@ -58,6 +58,7 @@ WARMUP = 3
 BLOCK = 5  # timed runs of one engine before switching to the other
 MIN_REPEAT, MAX_REPEAT = 10, 200
 ROW_BUDGET_S = 3.0  # steady-state time per workload when --repeat is not given
+OPTIMIZE: bool | list[str] = True  # transmuter.load's optimize= (--passes)
 
 
 @dataclass
@@ -175,7 +176,7 @@ def bench(work: Workload, repeat: int | None) -> Result:
     fn = None
     start = time.perf_counter_ns()
     try:
-        model = transmuter.load(work.path)
+        model = transmuter.load(work.path, optimize=OPTIMIZE)
         fn = transmuter.compile(model, work.inputs)
         ours = to_host(fn(work.inputs))
         result.transmuter_first_ms = ms_since(start)
@@ -295,6 +296,7 @@ def environment() -> dict[str, Any]:
         "onnxruntime": ort.__version__,
         "threads": THREADS,
         "load_average_1min": os.getloadavg()[0],  # other work on the machine skews timings
+        "passes": OPTIMIZE,
     }
 
 
@@ -310,7 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         f"workload, {MIN_REPEAT} to {MAX_REPEAT} runs)",
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--passes",
+        help="graph passes Transmuter runs at load: comma-separated names (transmuter.ir.passes"
+        ".PASSES), 'none', or by default its default pipeline",
+    )
     args = parser.parse_args(argv)
+    global OPTIMIZE
+    if args.passes is not None:
+        names = [n.strip() for n in args.passes.split(",") if n.strip()]
+        OPTIMIZE = False if names == ["none"] else names
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be at least 1")
 
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Transmuter vs ONNX Runtime  {env['date']}  {env['machine']}  jax {env['jax']} "
         f"({env['jax_backend']})  onnxruntime {env['onnxruntime']}  threads {THREADS}  "
-        f"load average {env['load_average_1min']:.2f}"
+        f"load average {env['load_average_1min']:.2f}  passes {env['passes']}"
     )
     print(
         "T = Transmuter. first = load/compile or session creation + one run. "

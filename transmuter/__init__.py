@@ -10,7 +10,7 @@ extra) run whole Hugging Face repositories as tasks.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
 from transmuter.runtime import CompiledModel, Model, run, sharding
 from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
+from transmuter.runtime.optimize import optimize as optimize_graph
 
 __all__ = [
     "CompiledModel",
@@ -75,6 +76,7 @@ def load(
     mesh: jax.sharding.Mesh | None = None,
     model_axis: str | None = None,
     param_sharding: Mapping[str, jax.sharding.PartitionSpec] | None = None,
+    optimize: bool | Sequence[str] = True,
 ) -> Model:
     """Load an ONNX model from a path, bytes, `onnx.ModelProto`, or the Hugging Face Hub:
     `"hf://org/repo/path/model.onnx"` or `("hf", "org/repo", "path/model.onnx")`, at `revision`
@@ -92,6 +94,10 @@ def load(
     its shard (never the whole weight on one device): split over `model_axis` by the graph's
     column / row pairs, or by `param_sharding` ({regex: PartitionSpec}), else replicated
     (runtime/sharding.py). `compile(..., mesh=)` then keeps that placement.
+
+    optimize: rewrite the graph before it is lowered (transmuter/ir/passes): True runs the
+    default passes, False none, a list of pass names those (`transmuter.ir.passes.PASSES`). A
+    trainable model keeps its float initializers as the file has them (its params).
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(
@@ -108,6 +114,9 @@ def load(
             graph = with_compute_type(graph, compute_type)
         elif runs_half_in_float32(graph):
             graph = with_compute_type(graph, "float32", keep_storage=True)
+        if optimize is not False:
+            names = None if optimize is True else list(optimize)
+            graph = optimize_graph(graph, names, trainable=trainable)
         if mesh is None and (model_axis is not None or param_sharding is not None):
             raise InputError("model_axis and param_sharding place params on a mesh: give mesh=")
         place = (

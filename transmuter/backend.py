@@ -80,9 +80,11 @@ class TransmuterBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> TransmuterRep:
-        """Load `model` for `device` ("CPU", "CUDA" or "CUDA:1"). Options the test runner passes
-        along (rtol, atol) are not the backend's concern and are ignored."""
-        return TransmuterRep(transmuter.load(model), _jax_device(device))
+        """Load `model` for `device` ("CPU", "CUDA" or "CUDA:1"). `optimize` is
+        `transmuter.load`'s (default True: the graph passes run). Options the test runner
+        passes along (rtol, atol) are not the backend's concern and are ignored."""
+        optimize = kwargs.get("optimize", True)
+        return TransmuterRep(transmuter.load(model, optimize=optimize), _jax_device(device))
 
     @classmethod
     def run_model(

@@ -84,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--atol", type=float, default=1e-5)
         if name == "bench":
             sub.add_argument("--runs", type=int, default=20, help="timed calls each (median)")
+            sub.add_argument(
+                "--profile", action="store_true",
+                help="also time each node alone: ms per operator type and the slowest nodes",
+            )  # fmt: skip
+            sub.add_argument("--top", type=int, default=15, help="slowest nodes --profile lists")
+            sub.add_argument(
+                "--passes", metavar="NAMES",
+                help="graph passes to run at load: comma-separated names, 'none', or the default",
+            )  # fmt: skip
     export = command("export", export_, "write a StableHLO artifact with symbolic dims")
     export.add_argument("-o", "--output", type=Path, required=True, help="artifact directory")
     export.add_argument("--params", choices=("embed", "argument"), default="embed")
@@ -115,9 +124,17 @@ def _progress(message: str) -> None:
 def _load(args) -> transmuter.Model:
     _progress(f"loading {args.model}")
     start = time.perf_counter()
-    model = transmuter.load(args.model, **_revision(args))
+    model = transmuter.load(args.model, **_revision(args), **_passes(args))
     _progress(f"loaded in {time.perf_counter() - start:.2f} s")
     return model
+
+
+def _passes(args) -> dict:
+    given = getattr(args, "passes", None)
+    if given is None:
+        return {}
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    return {"optimize": False if names == ["none"] else names}
 
 
 def _revision(args) -> dict:
@@ -302,6 +319,11 @@ def bench(args) -> int:
     compiled = transmuter.compile(model, inputs)
     ours = _median_ms(lambda: _block(compiled(inputs)), args.runs)
     print(f"transmuter   {ours:9.3f} ms (median of {args.runs})")
+    if args.profile:
+        from transmuter.runtime.profile import profile
+
+        _progress("profiling: each node compiled and timed alone")
+        print(profile(model, inputs, runs=min(args.runs, 10)).report(args.top))
     if importlib.util.find_spec("onnxruntime") is None:
         print("onnxruntime not installed: no side-by-side figure")
         return 0

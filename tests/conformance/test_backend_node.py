@@ -8,8 +8,9 @@ import re
 
 import numpy as np
 import pytest
-from conformance_suite import all_test_names, node_cases, suite_classes
+from conformance_suite import all_test_names, expected_failure, node_cases, suite_classes
 from expected_failures import EXPECTED_FAILURES
+from onnx.backend.test.runner import Runner
 
 from transmuter.backend import TransmuterBackend
 
@@ -48,3 +49,24 @@ def test_cases_the_runner_cannot_compare(case):
 def test_expected_failure_names_a_case(pattern):
     """An entry that matches no case is stale (a renamed case, a typo): remove or fix it."""
     assert any(re.search(pattern, name) for name in all_test_names()), pattern
+
+
+def _rewritable_cases() -> list:
+    """The cases graph passes can change (more than one node: the function-expanded ones), every
+    third of them, bar the expected failures."""
+    cases = [
+        c
+        for c in node_cases()
+        if len(c.model.graph.node) > 1 and expected_failure(f"{c.name}_cpu") is None
+    ]
+    return cases[::3]
+
+
+@pytest.mark.parametrize("case", _rewritable_cases(), ids=lambda c: c.name)
+def test_cases_without_graph_passes(case):
+    """The suite runs with `transmuter.load`'s default passes; these cases run with them off
+    (`optimize=False`) too, so both paths stay conformant."""
+    rep = TransmuterBackend.prepare(case.model, optimize=False)
+    for inputs, expected in case.data_sets:
+        # onnx's own comparison, as the suite's runner makes it (bfloat16 and all).
+        Runner.assert_similar_outputs(list(expected), rep.run(list(inputs)), case.rtol, case.atol)

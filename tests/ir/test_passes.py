@@ -1,0 +1,308 @@
+"""The graph passes (transmuter/ir/passes): each rewrites a graph built with onnx.helper, and
+the optimized and unoptimized models agree on random inputs; the rewrite itself is checked on
+the node list (the pass did fire)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import transmuter
+from transmuter.ir import passes
+
+RNG = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, T.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _weights(*shape):
+    return (RNG.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+
+def _agree(proto, inputs, names, *, rtol=1e-5, atol=1e-5):
+    """The model run unoptimized and with `names` agree; returns the optimized model."""
+    plain = transmuter.load(proto, optimize=False)
+    optimized = transmuter.load(proto, optimize=names)
+    want = transmuter.compile(plain, inputs)(inputs)
+    got = transmuter.compile(optimized, inputs)(inputs)
+    for name in plain.outputs:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol, atol)
+    eager = transmuter.run(optimized, inputs)
+    for name in plain.outputs:
+        np.testing.assert_allclose(np.asarray(eager[name]), np.asarray(want[name]), rtol, atol)
+    return optimized
+
+
+def _ops(model) -> list[str]:
+    return [n.op_type for n in model.ir.graph.nodes]
+
+
+def test_dce_drops_dead_nodes_and_their_weights():
+    w = _weights(8, 8)
+    proto = _model(
+        [
+            helper.make_node("Relu", ["x"], ["y"]),
+            helper.make_node("MatMul", ["x", "w"], ["dead"]),
+            helper.make_node("Sigmoid", ["dead"], ["dead2"]),
+        ],
+        [("x", [2, 8])],
+        ["y"],
+        [("w", w)],
+    )
+    optimized = _agree(proto, {"x": RNG.standard_normal((2, 8), np.float32)}, ["dce"])
+    assert _ops(optimized) == ["Relu"]
+    assert not optimized.params and "w" not in optimized.ir.graph.initializers
+
+
+def test_dce_keeps_random_nodes_and_trainable_weights():
+    proto = _model(
+        [
+            helper.make_node("RandomNormal", [], ["noise"], shape=[2]),
+            helper.make_node("Relu", ["x"], ["y"]),
+            helper.make_node("MatMul", ["x", "w"], ["dead"]),
+        ],
+        [("x", [2, 8])],
+        ["y"],
+        [("w", _weights(8, 8))],
+    )
+    trained = transmuter.load(proto, optimize=["dce"], trainable=True)
+    assert "RandomNormal" in _ops(trained) and "w" in trained.params
+
+
+def test_cse_merges_repeated_shape_chains():
+    chain = []
+    for i in range(3):  # one shape chain per "layer", as exporters write them
+        chain += [
+            helper.make_node("Shape", ["x"], [f"s{i}"]),
+            helper.make_node("Constant", [], [f"i{i}"], value=numpy_helper.from_array(np.array(0))),
+            helper.make_node("Gather", [f"s{i}", f"i{i}"], [f"b{i}"]),
+            helper.make_node("Unsqueeze", [f"b{i}", "axes"], [f"u{i}"]),
+            helper.make_node("Concat", [f"u{i}", "rest"], [f"shape{i}"], axis=0),
+            helper.make_node("Reshape", ["x", f"shape{i}"], [f"r{i}"]),
+        ]
+    nodes = chain + [
+        helper.make_node("Add", ["r0", "r1"], ["a"]),
+        helper.make_node("Add", ["a", "r2"], ["y"]),
+    ]
+    proto = _model(
+        nodes,
+        [("x", ["batch", 4, 6])],
+        ["y"],
+        [("axes", np.array([0], np.int64)), ("rest", np.array([6, 4], np.int64))],
+    )
+    x = RNG.standard_normal((3, 4, 6)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["cse", "dce"])
+    assert _ops(optimized).count("Reshape") == 1 and _ops(optimized).count("Shape") == 1
+
+
+def test_fold_turns_weight_chains_into_initializers():
+    w = _weights(8, 16)  # stored transposed, as some exporters leave a Linear's weight
+    proto = _model(
+        [
+            helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+            helper.make_node("Constant", [], ["two"], value_float=2.0),
+            helper.make_node("Mul", ["wt", "two"], ["w2"]),
+            helper.make_node("MatMul", ["x", "w2"], ["y"]),
+        ],
+        [("x", ["batch", 16])],
+        ["y"],
+        [("w", w)],
+    )
+    optimized = _agree(proto, {"x": RNG.standard_normal((3, 16), np.float32)}, ["fold", "dce"])
+    assert _ops(optimized) == ["MatMul"]
+    (name,) = optimized.params  # the folded weight is a param, as the original was
+    np.testing.assert_allclose(np.asarray(optimized.params[name]), w.T * 2, rtol=1e-6)
+
+
+def test_fold_leaves_chains_of_constants_to_the_tracer():
+    """A shape computed from constants alone is not folded at load (the tracer computes it on
+    the host at no cost per call, or in the program): it still decides the Reshape, no float
+    result of host values becomes a param, and the graph does not break."""
+    proto = _model(
+        [
+            helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones(100, np.float32))),
+            helper.make_node("ReduceSum", ["c"], ["n"], keepdims=1),
+            helper.make_node("Cast", ["n"], ["ni"], to=T.INT64),
+            helper.make_node("Concat", ["minus_one", "ni"], ["shape"], axis=0),
+            helper.make_node("Mul", ["c", "c"], ["cc"]),
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Add", ["r", "cc"], ["y"]),
+        ],
+        [("x", ["batch", 100])],
+        ["y"],
+        [("minus_one", np.array([-1], np.int64))],
+    )  # fmt: skip
+    optimized = _agree(proto, {"x": RNG.standard_normal((2, 100), np.float32)}, ["fold", "dce"])
+    assert _ops(optimized).count("Constant") == 1 and "ReduceSum" in _ops(optimized)
+    assert not optimized.params and not optimized.graph_breaks()
+
+
+def test_fold_leaves_trainable_weights_and_widening_casts():
+    w16 = _weights(64, 64).astype(np.float16)
+    proto = _model(
+        [
+            helper.make_node("Cast", ["w"], ["w32"], to=T.FLOAT),
+            helper.make_node("MatMul", ["x", "w32"], ["y"]),
+        ],
+        [("x", ["batch", 64])],
+        ["y"],
+        [("w", w16)],
+    )
+    for trainable in (False, True):
+        model = transmuter.load(proto, optimize=["fold"], trainable=trainable)
+        # fp16 storage stays fp16 (half the memory), read through its Cast
+        assert "Cast" in _ops(model)
+        assert {a.dtype for a in model.ir.graph.initializers.values()} == {np.dtype(np.float16)}
+
+
+def _conv_model(tail: str):
+    c_in, c_out = 3, 4
+    inits = [
+        ("w", _weights(c_out, c_in, 3, 3)),
+        ("b", RNG.standard_normal(c_out).astype(np.float32)),
+    ]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    if tail == "bn":
+        inits += [
+            ("gamma", RNG.uniform(0.5, 2, c_out).astype(np.float32)),
+            ("beta", RNG.standard_normal(c_out).astype(np.float32)),
+            ("mean", RNG.standard_normal(c_out).astype(np.float32)),
+            ("var", RNG.uniform(0.5, 2, c_out).astype(np.float32)),
+        ]
+        nodes.append(
+            helper.make_node(
+                "BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-3
+            )
+        )
+    else:
+        inits.append(("k", RNG.uniform(0.5, 2, (c_out, 1, 1)).astype(np.float32)))
+        nodes.append(helper.make_node(tail, ["k", "c"], ["n"]))  # the constant first: either side
+    nodes.append(helper.make_node("Relu", ["n"], ["y"]))
+    return _model(nodes, [("x", ["batch", c_in, 8, 8])], ["y"], inits)  # fmt: skip
+
+
+@pytest.mark.parametrize("tail", ["bn", "Mul", "Add"])
+def test_conv_fold(tail):
+    proto = _conv_model(tail)
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["conv_fold", "dce"])
+    assert _ops(optimized) == ["Conv", "Relu"]
+    trained = transmuter.load(proto, optimize=["conv_fold"], trainable=True)
+    assert len(_ops(trained)) == 3
+
+
+def test_conv_fold_leaves_a_conv_output_read_twice():
+    proto = _conv_model("bn")
+    proto.graph.output.append(helper.make_tensor_value_info("c", T.FLOAT, None))
+    model = transmuter.load(proto, optimize=["conv_fold"])
+    assert "BatchNormalization" in _ops(model)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("bias", [True, False])
+def test_qkv_fuses_projections_of_one_input(opset, bias):
+    nodes, inits, outs = [], [], []
+    for i, cols in enumerate((8, 8, 4)):
+        inits.append((f"w{i}", _weights(8, cols)))
+        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]))
+        last = f"m{i}"
+        if bias:
+            inits.append((f"b{i}", RNG.standard_normal(cols).astype(np.float32)))
+            nodes.append(helper.make_node("Add", [last, f"b{i}"], [f"a{i}"]))
+            last = f"a{i}"
+        nodes.append(helper.make_node("Relu", [last], [f"y{i}"]))
+        outs.append(f"y{i}")
+    proto = _model(nodes, [("x", ["batch", 5, 8])], outs, inits, opset)
+    x = RNG.standard_normal((2, 5, 8)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["qkv", "dce"])
+    assert _ops(optimized).count("MatMul") == 1 and "Split" in _ops(optimized)
+    assert _ops(optimized).count("Add") == int(bias)
+
+
+def test_pipeline_names():
+    assert set(passes.DEFAULT) <= set(passes.PASSES)
+    with pytest.raises(ValueError, match="unknown optimization passes"):
+        transmuter.load(_conv_model("bn"), optimize=["nope"])
+
+
+def test_optimize_default_and_every_pass_agree():
+    """The default pipeline, and all passes at once, on a graph where several fire."""
+    proto = _conv_model("bn")
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    _agree(proto, {"x": x}, list(passes.DEFAULT))
+    every = _agree(proto, {"x": x}, list(passes.PASSES))
+    assert _ops(every) == ["Conv", "Relu"]
+    assert (
+        transmuter.load(proto).ir.graph.nodes
+        == transmuter.load(proto, optimize=list(passes.DEFAULT)).ir.graph.nodes
+    )
+
+
+def test_subgraph_outer_reads_survive_cse():
+    """A value an If branch reads by outer name is renamed there too when CSE merges it."""
+    then = helper.make_graph(
+        [helper.make_node("Neg", ["r2"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", T.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Abs", ["r2"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", T.FLOAT, None)],
+    )
+    proto = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r1"]),
+            helper.make_node("Relu", ["x"], ["r2"]),
+            helper.make_node("ReduceSum", ["r1"], ["s"], keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+        ],
+        [("x", [2, 3])],
+        ["y"],
+        [("zero", np.array(0, np.float32))],
+    )  # fmt: skip
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["cse", "dce"])
+    assert _ops(optimized).count("Relu") == 1
+
+
+@pytest.mark.parametrize("opset", [11, 17, 18])
+@pytest.mark.parametrize("masked", [True, False])
+def test_attention_reorders_the_softmax(opset, masked):
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Div", ["s", "c"], ["s2"]),
+    ]
+    last = "s2"
+    if masked:
+        nodes.append(helper.make_node("Add", ["s2", "mask"], ["s3"]))
+        last = "s3"
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    shape = ["batch", 2, 5, 4]
+    inputs = [("q", shape), ("k", shape), ("v", shape)] + ([("mask", ["batch", 1, 1, 5])] * masked)
+    proto = _model(nodes, inputs, ["y"], [("c", np.array(2.0, np.float32))], opset)
+    feeds = {n: RNG.standard_normal((3, 2, 5, 4)).astype(np.float32) for n in "qkv"}
+    if masked:
+        mask = np.zeros((3, 1, 1, 5), np.float32)
+        mask[..., -2:] = -1e9  # padded keys, as BERT's extended mask writes them
+        feeds["mask"] = mask
+    optimized = _agree(proto, feeds, ["attention"])
+    assert "Softmax" not in _ops(optimized) and "Div" in _ops(optimized)
