@@ -123,7 +123,8 @@ COMPILE_EVENTS = (
 def log_compile_work(level: int = logging.INFO, logger: logging.Logger | None = None) -> str:
     """Log, through `logging`, the events that show compile work (loads, compiles, cache misses
     with the shapes buckets padded from, evictions, sizes past every bucket, segment compiles,
-    graph breaks). Returns the handler id for `detach`."""
+    graph breaks). A break that static inputs would remove names them (`static_inputs` of
+    `transmuter.break.stop`). Returns the handler id for `detach`."""
     target = logger or _log
     handler_id = ("transmuter.log_compile_work", id(target))
 
@@ -132,6 +133,17 @@ def log_compile_work(level: int = logging.INFO, logger: logging.Logger | None = 
         took_text = f" in {took / 1e6:.1f} ms" if took is not None else ""
         details = ", ".join(f"{k}={v}" for k, v in metadata.items() if k != "stacktrace")
         target.log(level, "%s%s: %s", event, took_text, details)
+        if event == "transmuter.break.stop" and metadata.get("static_inputs"):
+            names = metadata["static_inputs"]
+            target.log(
+                level,
+                "%s (%s) breaks the graph on data computed from %s alone: pass "
+                "compile(..., static_inputs={%s}) to compile one program per value instead",
+                metadata.get("node"),
+                metadata.get("op_type"),
+                ", ".join(map(repr, names)),
+                ", ".join(f"{n!r}: ..." for n in names),
+            )
 
     attach(handler_id, COMPILE_EVENTS, log)
     return handler_id

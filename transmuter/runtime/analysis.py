@@ -11,7 +11,7 @@ registration (`OpDef`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,17 +29,66 @@ class Break:
     input: str
     reason: str
     certain: bool
+    # The model inputs that, given as `static_inputs` as well, remove this break: those the
+    # value it needs is computed from, when it is computed from inputs alone (no weights).
+    static: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         kind = "breaks" if self.certain else "may break"
-        return f"{self.node} ({self.op_type}) {kind}: {self.input!r} is data; {self.reason}"
+        text = f"{self.node} ({self.op_type}) {kind}: {self.input!r} is data; {self.reason}"
+        if self.static:
+            text += f"; static_inputs={list(self.static)} removes this break"
+        return text
 
 
 def graph_breaks(model, static_inputs: frozenset[str] = frozenset()) -> list[Break]:
-    """The main graph's break nodes, in order, for inputs other than `static_inputs` being data.
+    """The main graph's break nodes, in order, for inputs other than `static_inputs` being data,
+    each with the inputs that would remove it if static too (`Break.static`).
 
     `model` is a `transmuter.Model`: its host constants are host values; params, large
     constants and inputs are data."""
+    found = _breaks(model, frozenset(static_inputs))
+    sources = _input_sources(model)
+    tried: dict[frozenset[str], set[str]] = {}
+    for i, brk in enumerate(found):
+        names = sources.get(brk.input)
+        if not names or names & set(static_inputs):
+            continue
+        more = frozenset(static_inputs) | names
+        if more not in tried:
+            tried[more] = {b.node for b in _breaks(model, more)}
+        if brk.node not in tried[more]:
+            found[i] = replace(brk, static=tuple(sorted(names)))
+    return found
+
+
+def _input_sources(model) -> dict[str, frozenset[str]]:
+    """For each value of the main graph computed from model inputs and host constants alone,
+    the inputs it is computed from (one forward pass; values reading a weight are left out)."""
+    inputs = set(model.inputs)
+    sources: dict[str, frozenset[str]] = {n: frozenset([n]) for n in inputs}
+    constants = set(model.host_constants)
+    empty: frozenset[str] = frozenset()
+    for step in model.plan.steps:
+        node = step.node
+        if ir.subgraphs(node) or step.opdef.random:
+            continue
+        names: set[str] = set()
+        for n in node.inputs:
+            if not n or n in constants:
+                continue
+            if n not in sources:
+                break
+            names |= sources[n]
+        else:
+            value = frozenset(names) if names else empty
+            for o in node.outputs:
+                if o:
+                    sources[o] = value
+    return {n: v for n, v in sources.items() if v}
+
+
+def _breaks(model, static_inputs: frozenset[str]) -> list[Break]:
     host = set(model.host_constants) | set(static_inputs)
     strings = _declared_strings(model.ir.graph)
     found: list[Break] = []

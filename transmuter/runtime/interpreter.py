@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import jax
 import numpy as np
 from jax.export import is_symbolic_dim
 
-from transmuter import ir
+from transmuter import dtypes, ir
 from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import OpContext, OpDef, lookup
 from transmuter.lowering.symbolic import dims_to_device, is_symbolic, settle_dims
@@ -39,6 +40,45 @@ class Plan:
     graph: ir.Graph
     steps: list[Step]
     subplans: dict[int, Plan]  # id(ir.Graph) -> Plan for every subgraph at any depth; shared
+
+    @cached_property
+    def host_needed(self) -> frozenset[str]:
+        """The names of this graph whose values some node needs on the host, directly (an input
+        an op declares host-needed, every input of a data-dependent op, of an op that may ask
+        for host values or builds host values, of an op on strings in a graph that has strings,
+        of a node holding subgraphs, and the outer values its subgraphs read) or through the
+        nodes computing them; Shape and Size read only their input's shape. One backward pass
+        over the steps."""
+        strings = _has_strings(self.graph)
+        needed: set[str] = set()
+        for step in reversed(self.steps):
+            node, opdef = step.node, step.opdef
+            if any(o in needed for o in node.outputs if o) and not opdef.reads_shape:
+                needed.update(n for n in node.inputs if n)
+                continue
+            subs = ir.subgraphs(node)
+            if (
+                opdef.data_dependent
+                or opdef.may_need_host
+                or (opdef.strings_on_host and strings)
+                or opdef.host_outputs
+                or subs
+            ):
+                needed.update(n for n in node.inputs if n)
+            else:
+                needed.update(node.inputs[i] for i in opdef.host_input_indices(node.inputs))
+            for sub in subs:
+                needed.update(sub.outer_names)
+        return frozenset(needed)
+
+    @cached_property
+    def stageable(self) -> frozenset[str]:
+        """The values this graph computes that no node needs on the host: when their inputs
+        are host values while compiling, they are computed in the program (XLA folds or runs
+        them) rather than op by op on the host, which through JAX would compile a small
+        program per op and shape."""
+        made = {o for step in self.steps for o in step.node.outputs if o}
+        return frozenset(made - self.host_needed)
 
     @classmethod
     def build(cls, graph: ir.Graph, opsets: Mapping[str, int]) -> Plan:
@@ -121,10 +161,13 @@ def _is_traced(value: Any) -> bool:
 class Interpreter:
     """Evaluates plans. One instance per call: it owns the call's random-key stream."""
 
-    def __init__(self, root: Plan, key: Any = None):
+    def __init__(self, root: Plan, key: Any = None, stage: frozenset[str] = frozenset()):
         self.root = root
         self.key = key
         self.draws = 0
+        # Values computed in the trace even from host values (`Plan.stageable`); only while
+        # tracing a program, where they cost nothing on the host.
+        self.stage = stage
 
     def run(self, plan: Plan, env: MutableMapping[str, Any]) -> list[Any]:
         for step in plan.steps:
@@ -193,6 +236,13 @@ class Interpreter:
             args.insert(0, ctx)
         values = [a for a in args if not isinstance(a, OpContext)]
         on_host = not opdef.random and all(is_host(a) for a in values)
+        if on_host and self.stage and _stages(step, values, self.stage):
+            on_host = False
+            keep = {i + opdef.context for i in opdef.host_input_indices(node.inputs)}
+            args = [
+                jax.numpy.asarray(a) if isinstance(a, np.ndarray) and i not in keep else a
+                for i, a in enumerate(args)
+            ]
         try:
             if any(map(is_symbolic, values)):
                 result = _with_symbolic_dims(step, args, on_host)
@@ -215,6 +265,42 @@ class Interpreter:
         for name, value in zip(node.outputs, result):
             if name:
                 env[name] = value
+
+
+def _has_strings(graph: ir.Graph) -> bool:
+    """Whether a graph holds or makes string tensors (its declared values, initializers, or a
+    Cast to strings, which ml ops aside is how strings are made)."""
+    declared = [*graph.inputs, *graph.outputs, *graph.value_info.values()]
+    if any(getattr(v.type, "dtype", None) == np.dtype(object) for v in declared):
+        return True
+    if any(a.dtype == object for a in graph.initializers.values()):
+        return True
+    return any(n.op_type == "Cast" and n.attrs.get("to") == 8 for n in graph.nodes) or any(
+        n.domain.startswith("ai.onnx.ml") for n in graph.nodes
+    )
+
+
+def _stages(step: Step, values: list, stage: frozenset[str]) -> bool:
+    """Whether a node whose inputs are all host values is computed in the trace instead: its
+    outputs are stageable, it reads at least one input, and every input is a numeric array."""
+    node, opdef = step.node, step.opdef
+    if opdef.reads_shape or opdef.may_need_host or opdef.host_outputs or ir.subgraphs(node):
+        return False
+    if not any(v is not None for v in values):
+        return False
+    if not all(o in stage for o in node.outputs if o):
+        return False
+    return all(
+        v is None
+        or (isinstance(v, np.ndarray) and v.dtype != object and v.dtype not in _FOLDED_DIFFERENTLY)
+        for v in values
+    )
+
+
+# A staged host value is a constant of the program, and XLA folds constants of the narrow types
+# (float8, float4, float6, e8m0, 4- and 2-bit integers) other than it computes on them at run
+# time: float8e8m0's NaN (0xFF) cast to float32 folds to inf. Those stay on the host.
+_FOLDED_DIFFERENTLY = frozenset(d for c, d in dtypes.ONNX_TO_NUMPY.items() if c >= 17)
 
 
 def _with_symbolic_dims(step: Step, args: list, on_host: bool) -> tuple:

@@ -68,6 +68,7 @@ class SegmentRunner:
         # that later threads wait on, so each key compiles once.
         self._lock = threading.Lock()
         self._building: dict[tuple[int, tuple], Future] = {}
+        self._hints: tuple[frozenset[str], dict[str, tuple[str, ...]]] | None = None
 
     def run(
         self,
@@ -103,6 +104,10 @@ class SegmentRunner:
             _keep_decision_on_host(env, self.plan.steps[segment.stop].node, segment.needed)
             self.run_break(segment.stop, env, _fold(key, segment.stop))
             start = segment.stop + 1
+
+    def static_hints(self) -> dict[str, tuple[str, ...]]:
+        """Break node -> the inputs that, made static, would remove that break."""
+        return _static_hints(self)
 
     def _inputs_to_device(self, env: dict[str, Any]) -> None:
         for name in self.data:
@@ -200,7 +205,7 @@ class SegmentRunner:
             local = dict(host_env)
             local.update(args)
             before = set(local)
-            interpreter = Interpreter(self.plan, key)
+            interpreter = Interpreter(self.plan, key, self.plan.stageable)
             stop, reason = None, None
             for position in range(start, len(self.plan.steps)):
                 try:
@@ -284,16 +289,33 @@ class SegmentRunner:
             "node": node.label,
             "op_type": node.op_type,
         }
+        if telemetry.listening("transmuter.break.stop"):
+            hint = self.static_hints().get(node.label)
+            if hint:
+                metadata["static_inputs"] = list(hint)
         with telemetry.span("transmuter.break", metadata):
             for index in step.opdef.host_inputs:
                 name = node.inputs[index] if index < len(node.inputs) else ""
                 if name:
                     env[name] = to_host(env[name])  # small, shape-deciding: keep it on the host
             Interpreter(self.plan, key).step(step, env)
+            needed = self.plan.host_needed
             for name in node.outputs:
                 value = env.get(name) if name else None
-                if _to_device_after_break(value, step.opdef.data_dependent):
+                if _to_device_after_break(value, step.opdef.data_dependent, name in needed):
                     env[name] = jnp.asarray(value)
+
+
+def _static_hints(runner: SegmentRunner) -> dict[str, tuple[str, ...]]:
+    """Break node -> the model inputs that, made static, would remove the break (graph
+    analysis, `Model.graph_breaks`), for the inputs this runner takes as data."""
+    from transmuter.runtime.analysis import graph_breaks
+
+    static = frozenset(n for n in runner.model.inputs if n not in runner.data)
+    if runner._hints is None or runner._hints[0] != static:
+        found = {b.node: b.static for b in graph_breaks(runner.model, static) if b.static}
+        runner._hints = (static, found)
+    return runner._hints[1]
 
 
 def _checked(program: Callable) -> Callable:
@@ -320,12 +342,17 @@ def _keep_decision_on_host(env: dict[str, Any], node: ir.Node, name: str | None)
             env[name] = to_host(value)
 
 
-def _to_device_after_break(value: Any, data_dependent: bool) -> bool:
+def _to_device_after_break(value: Any, data_dependent: bool, host_needed: bool) -> bool:
     """Data (NonZero indices, large results) goes back to the device so that the next segments
-    are keyed by its shape, not its values; small shape-like results stay on the host."""
+    are keyed by its shape, not its values; small shape-like results stay on the host, and so
+    do small data-dependent results that later nodes need on the host (NonZero's indices
+    becoming Slice bounds): on the device, each of those nodes would break again, with a small
+    eager segment between each two, and the segments after are keyed by those values anyway."""
     if not isinstance(value, np.ndarray) or value.dtype == object:
         return False
-    return data_dependent or value.size > BREAK_HOST_RESULT_MAX_SIZE
+    if value.size > BREAK_HOST_RESULT_MAX_SIZE:
+        return True
+    return data_dependent and not host_needed
 
 
 def _fold(key: Any, position: int) -> Any:
@@ -336,18 +363,36 @@ def _end(segment: Segment, length: int) -> int:
     return length if segment.stop is None else segment.stop
 
 
-def _reads_after(plan: Plan) -> list[frozenset[str]]:
-    """For each position p, the names that nodes p.. (and their subgraphs) read, plus the graph
-    outputs; the last entry (position len) is the graph outputs alone."""
-    needed = {v.name for v in plan.graph.outputs}
-    result = [frozenset(needed)]
-    for step in reversed(plan.steps):
-        needed |= {n for n in step.node.inputs if n}
-        for sub in ir.subgraphs(step.node):
-            needed |= sub.outer_names
-        result.append(frozenset(needed))
-    result.reverse()
-    return result
+class _ReadsAfter:
+    """`reads_after[p]`: the names that nodes p.. (and their subgraphs) read, plus the graph
+    outputs; `[len]` and `[-1]` are the graph outputs alone. From each name's last reading
+    position, found in one pass; a position's set is built when first asked for (segment starts
+    and stops only), so that the cost stays linear in the graph's size."""
+
+    def __init__(self, plan: Plan):
+        self.length = len(plan.steps)
+        last: dict[str, int] = {}
+        for position, step in enumerate(plan.steps):
+            for name in step.node.inputs:
+                if name:
+                    last[name] = position
+            for sub in ir.subgraphs(step.node):
+                last.update(dict.fromkeys(sub.outer_names, position))
+        last.update(dict.fromkeys((v.name for v in plan.graph.outputs), self.length))
+        self.last = last
+        self.sets: dict[int, frozenset[str]] = {}
+
+    def __getitem__(self, position: int) -> frozenset[str]:
+        position = self.length if position == -1 else position
+        found = self.sets.get(position)
+        if found is None:
+            found = frozenset(n for n, last in self.last.items() if last >= position)
+            self.sets[position] = found
+        return found
+
+
+def _reads_after(plan: Plan) -> _ReadsAfter:
+    return _ReadsAfter(plan)
 
 
 def signature(value: Any) -> Any:
