@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sentence_similarity import CACHE, checkpoint_dir, export_onnx
+from sentence_similarity import REPO, checkpoint_dir, export_onnx
 
 import transmuter
 
@@ -79,7 +79,7 @@ class CacheCounter:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=CACHE / "all-MiniLM-L6-v2.onnx")
+    parser.add_argument("--model", type=Path, default=REPO / "model.onnx")
     parser.add_argument("--batch", type=int, default=3, help="sentences per batch")
     parser.add_argument("sentences", nargs="*", default=SENTENCES)
     args = parser.parse_args(argv)

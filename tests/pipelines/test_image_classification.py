@@ -1,0 +1,55 @@
+"""image-classification against transformers' pipeline (make_pipelines.py's tiny ViT)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+
+import transmuter
+from transmuter.errors import InputError
+from transmuter.pipelines.images import preprocess
+
+Image = pytest.importorskip("PIL.Image")
+
+
+@pytest.fixture(scope="module")
+def classify():
+    return transmuter.pipeline("image-classification", REPOS / "vit", top_k=3)
+
+
+def images():
+    return [np.load(REPOS / "vit" / "images.npy"), np.load(REPOS / "vit" / "image_small.npy")]
+
+
+def test_labels_and_scores_are_transformers(classify):
+    want = expected("vit")["results"]
+    got = classify(images())  # a 48 x 40 image (resized) and a 32 x 32 one
+    for row, wanted in zip(got, want):
+        assert [r["label"] for r in row] == [w["label"] for w in wanted]
+        np.testing.assert_allclose(
+            [r["score"] for r in row], [w["score"] for w in wanted], atol=1e-5
+        )
+    pillow = classify(Image.fromarray(images()[0]), top_k=1)
+    assert pillow[0]["label"] == want[0][0]["label"] and len(pillow) == 1
+    floats = classify(images()[1] / 255.0)
+    np.testing.assert_allclose(floats[0]["score"], want[1][0]["score"], atol=1e-5)
+
+
+def test_shortest_edge_and_center_crop():
+    config = {
+        "size": {"shortest_edge": 40},
+        "do_center_crop": True,
+        "crop_size": 32,
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+    }
+    pixels = preprocess(np.zeros((60, 48, 3), np.uint8), config)
+    assert pixels.shape == (3, 32, 32) and np.allclose(pixels, -1.0)
+
+
+def test_bad_images(classify):
+    with pytest.raises(InputError, match="height, width, channels"):
+        classify(np.zeros((32, 32), np.uint8))
+    with pytest.raises(InputError, match="non-empty list"):
+        classify([])

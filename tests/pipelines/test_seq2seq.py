@@ -1,0 +1,115 @@
+"""text2text-generation (T5, BART) and automatic-speech-recognition (Whisper) against
+transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py. The decoders
+compile a program per step the first time (Optimum's exports take no self-attention mask), so
+the 40-token comparisons are slow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+
+import transmuter
+from transmuter.errors import InputError
+from transmuter.pipelines.audio import log_mel
+
+
+@pytest.fixture(scope="module")
+def t5():
+    return transmuter.pipeline("text2text-generation", REPOS / "t5")
+
+
+def test_t5_first_tokens_and_no_recompiles(t5):
+    want = expected("t5")["batch"]
+    got = t5.generate(want["input_ids"], max_new_tokens=6, **want["options"])
+    assert got == [row[:6] for row in want["new_tokens"]]
+    before = t5.programs
+    assert t5.generate(want["input_ids"], max_new_tokens=4, **want["options"]) == [
+        row[:4] for row in want["new_tokens"]
+    ]
+    assert t5.programs == before  # the same (batch, encoder bucket, step) programs
+    texts = t5(want["texts"], max_new_tokens=4, **want["options"])
+    assert len(texts) == 3 and all(isinstance(t["generated_text"], str) for t in texts)
+    assert t5.programs == before
+
+
+@pytest.mark.slow  # 40 programs per batch size and decoder
+@pytest.mark.parametrize("name", ["t5", "bart"])
+@pytest.mark.parametrize("case", ["single", "batch"])
+def test_greedy_tokens_are_transformers(name, case):
+    want = expected(name)[case]
+    generate = transmuter.pipeline("text2text-generation", REPOS / name)
+    assert generate.decoder.merged == (name == "bart")
+    got = generate.generate(want["input_ids"], max_new_tokens=40, **want["options"])
+    assert got == want["new_tokens"]
+
+
+@pytest.mark.slow
+def test_t5_repetition_penalty_is_transformers(t5):
+    want = expected("t5")["penalty"]
+    assert (
+        t5.generate(want["input_ids"], max_new_tokens=40, **want["options"]) == (want["new_tokens"])
+    )
+
+
+def test_text2text_options_are_checked(t5):
+    with pytest.raises(InputError, match=r"has no option \['return_full_text'\]"):
+        t5("Hello", return_full_text=False)
+    with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
+        t5("Hello", max_new_tokens=0)
+    with pytest.raises(InputError, match="a text or a non-empty list"):
+        t5([])
+
+
+def waveforms() -> list[np.ndarray]:
+    """make_pipelines.py's seeded waveforms."""
+    rng = np.random.default_rng(7)
+    found = []
+    for seconds, tone in ((1.5, 440.0), (2.5, 300.0)):
+        t = np.arange(int(16000 * seconds)) / 16000
+        wave = 0.5 * np.sin(2 * np.pi * tone * t) + 0.1 * rng.standard_normal(t.shape)
+        found.append(wave.astype(np.float32))
+    return found
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper")
+
+
+def test_log_mel_is_whisper_feature_extractors(whisper):
+    features = log_mel(waveforms(), whisper.features)
+    assert features.shape == (2, 80, 400) and features.dtype == np.float32
+    np.testing.assert_allclose(features[:1], np.load(REPOS / "whisper" / "features.npy"), atol=1e-5)
+
+
+def test_whisper_prompt_from_generation_config(whisper):
+    assert whisper.prompt() == expected("whisper")["single"]["prompt"]
+    assert whisper.prompt("fr", "translate") == expected("whisper")["french"]["prompt"]
+    assert whisper.prompt("<|fr|>")[1:3] == whisper.prompt("fr", "transcribe")[1:3]
+    with pytest.raises(InputError, match="language 'de' is not one of"):
+        whisper.prompt("de")
+
+
+def test_whisper_transcribes_waveforms(whisper):
+    want = expected("whisper")["batch"]
+    waves = waveforms()
+    out = whisper(waves, max_new_tokens=3, min_new_tokens=3)
+    assert [o["text"] for o in out] == [
+        whisper.tokenizer.decode(r[:3], skip_special_tokens=True) for r in want["new_tokens"]
+    ]
+    one = whisper({"array": waves[0], "sampling_rate": 16000}, max_new_tokens=3, min_new_tokens=3)
+    assert one == out[0]
+    with pytest.raises(InputError, match="resample it first"):
+        whisper({"array": waves[0], "sampling_rate": 8000})
+    with pytest.raises(InputError, match="1-D float array"):
+        whisper(np.zeros((2, 100), np.float32))
+
+
+@pytest.mark.slow  # 40 programs per case
+@pytest.mark.parametrize("case", ["single", "batch", "french"])
+def test_whisper_greedy_tokens_are_transformers(whisper, case):
+    want = expected("whisper")[case]
+    features = log_mel(waveforms()[: len(want["new_tokens"])], whisper.features)
+    got = whisper.generate(features, max_new_tokens=40, min_new_tokens=40, **want["options"])
+    assert got == want["new_tokens"]

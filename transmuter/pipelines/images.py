@@ -1,0 +1,112 @@
+"""The image-classification task: images in, [{"label", "score"}] out, as transformers'
+pipeline returns them, with the preprocessing of preprocessor_config.json as transformers'
+image processors (the Pillow ones) apply it: convert to RGB, resize with Pillow (`size` as
+height and width, or its shortest edge), center crop (`crop_size`), rescale, normalize,
+channels first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.encoders import _labels, _softmax
+from transmuter.pipelines.repo import Repo
+
+
+class ImageClassification:
+    """Classify images: numpy arrays (height, width, channels; uint8, or floats in [0, 1])
+    or Pillow images, one or a list. The `top_k` best labels of config.json's id2label with
+    softmax scores (a sigmoid for multi-label configs), as a list per image."""
+
+    def __init__(self, repo: Repo, *, top_k: int = 5, batch_size: int = 8):
+        if batch_size < 1 or top_k < 1:
+            raise InputError(f"top_k and batch_size must be at least 1; got {top_k}, {batch_size}")
+        self.repo, self.top_k, self.batch_size = repo, top_k, batch_size
+        self.model = repo.model("model")
+        if "pixel_values" not in self.model.inputs or len(self.model.inputs) != 1:
+            raise ModelLoadError(
+                f"{repo.source}: image classification feeds pixel_values; the model takes "
+                f"{self.model.inputs}"
+            )
+        self.config = repo.preprocessor_config
+        self.sigmoid = repo.config.get("problem_type") == "multi_label_classification"
+        self._compiled = None
+
+    def __call__(self, inputs: Any, *, top_k: int | None = None) -> Any:
+        single = not isinstance(inputs, (list, tuple))
+        images = [inputs] if single else list(inputs)
+        if not images:
+            raise InputError("give an image or a non-empty list of them")
+        pixels = np.stack([preprocess(image, self.config) for image in images])
+        results = []
+        for start in range(0, len(pixels), self.batch_size):
+            chunk = {"pixel_values": pixels[start : start + self.batch_size]}
+            if self._compiled is None:
+                self._compiled = transmuter.compile(self.model, chunk)
+            logits = np.asarray(self._compiled(chunk)["logits"], np.float32)
+            for row in logits:
+                scores = 1 / (1 + np.exp(-row)) if self.sigmoid else _softmax(row)
+                labels = _labels(self.repo, len(scores))
+                order = np.argsort(-scores, kind="stable")[: top_k or self.top_k]
+                results.append([{"label": labels[i], "score": float(scores[i])} for i in order])
+        return results[0] if single else results
+
+
+def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
+    """float32 [channels, height, width] pixel values of one image."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        array = np.asarray(image)
+        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+            raise InputError(
+                f"an image array is (height, width, channels); got shape {list(array.shape)}"
+            )
+        if array.dtype != np.uint8:  # floats in [0, 1], as transformers takes them
+            array = np.clip(np.round(array.astype(np.float64) * 255), 0, 255).astype(np.uint8)
+        image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if config.get("do_resize", True) and config.get("size"):
+        image = image.resize(
+            _resized(image.size, config["size"]), resample=int(config.get("resample", 2))
+        )
+    pixels = np.asarray(image)
+    if config.get("do_center_crop") and config.get("crop_size"):
+        pixels = _center_crop(pixels, config["crop_size"])
+    pixels = pixels.astype(np.float32)
+    if config.get("do_rescale", True):
+        scale = config.get("rescale_factor", 1 / 255)
+        pixels = (pixels.astype(np.float64) * scale).astype(np.float32)
+    if config.get("do_normalize", True):
+        mean = np.asarray(config.get("image_mean", 0.5), np.float32)
+        std = np.asarray(config.get("image_std", 0.5), np.float32)
+        pixels = (pixels - mean) / std
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)
+
+
+def _resized(size: tuple[int, int], wanted: Any) -> tuple[int, int]:
+    """(width, height) after resizing to `wanted`: {"height", "width"}, {"shortest_edge"} (the
+    longer side scaled alike), or an int (a square)."""
+    width, height = size
+    if isinstance(wanted, int):
+        return wanted, wanted
+    if "height" in wanted and "width" in wanted:
+        return int(wanted["width"]), int(wanted["height"])
+    if "shortest_edge" in wanted:
+        edge = int(wanted["shortest_edge"])
+        if width <= height:
+            return edge, int(edge * height / width)
+        return int(edge * width / height), edge
+    raise ModelLoadError(f"preprocessor_config.json: a size of {dict(wanted)} is not supported")
+
+
+def _center_crop(pixels: np.ndarray, crop: Any) -> np.ndarray:
+    height, width = (crop, crop) if isinstance(crop, int) else (crop["height"], crop["width"])
+    top = max(0, (pixels.shape[0] - height) // 2)
+    left = max(0, (pixels.shape[1] - width) // 2)
+    return pixels[top : top + height, left : left + width]

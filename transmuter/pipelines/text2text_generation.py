@@ -1,0 +1,114 @@
+"""The text2text-generation task (T5, BART): texts in, [{"generated_text": ...}] out, as
+transformers' pipeline returns them; the options and their checks are text-generation's,
+decoding in seq2seq.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import jax
+
+from transmuter.errors import InputError
+from transmuter.pipelines.generation import Settings
+from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.seq2seq import Seq2SeqDecoder
+from transmuter.pipelines.text_generation import TextGeneration
+
+
+class Text2TextGeneration(TextGeneration):
+    """Generate from texts with an encoder-decoder export. Options as text-generation's
+    (max_new_tokens, min_new_tokens, do_sample, temperature, top_k, top_p,
+    repetition_penalty, eos_token_id, stop, on_token; per call key), without
+    return_full_text. generation_config.json's decoder_start_token_id starts each output, and
+    its forced_bos_token_id, forced_eos_token_id, suppress_tokens and begin_suppress_tokens
+    apply as in transformers."""
+
+    task = "text2text-generation"
+
+    def __init__(self, repo: Repo, **options: Any):
+        self.repo = repo
+        self.tokenizer = repo.require_tokenizer(self.task)
+        self.decoder = Seq2SeqDecoder(repo, self.task)
+        self._set_defaults(options)
+
+    def __call__(self, inputs: str | Sequence[str], *, key: Any = None, **options: Any) -> Any:
+        if isinstance(inputs, str):
+            return self([inputs], key=key, **options)
+        if (
+            not isinstance(inputs, Sequence)
+            or not inputs
+            or not all(isinstance(p, str) for p in inputs)
+        ):
+            raise InputError(f"give a text or a non-empty list of them; got {inputs!r}")
+        rows = self.generate([self.tokenizer.encode(t).ids for t in inputs], key=key, **options)
+        return [{"generated_text": self._text(row)} for row in rows]
+
+    def generate(self, inputs: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
+        """The new token ids for each input (lists of token ids), up to and including its end
+        of sequence token."""
+        self._check(options)
+        given = {**self.defaults, **options}
+        if key is None:
+            self._keys, key = jax.random.split(self._keys)
+        max_new = int(given["max_new_tokens"])
+        prompt = start_tokens(self.repo)
+        self._check_length(len(prompt) + max_new)
+        settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
+        encoder_inputs = self.decoder.text_inputs([list(r) for r in inputs], self._pad_id(settings))
+        watcher = self._watch(len(inputs), given["stop"], given["on_token"])
+        rows = self.decoder.generate(
+            encoder_inputs,
+            prompt,
+            max_new_tokens=max_new,
+            settings=settings,
+            key=key,
+            on_token=watcher,
+        )
+        if watcher is not None:
+            watcher.flush()
+        return rows
+
+    @property
+    def programs(self) -> int:
+        return self.decoder.programs
+
+    def _check_length(self, length: int) -> None:
+        """Decoder positions past the model's table would be clamped inside the program."""
+        config = self.repo.config
+        limit = config.get("max_target_positions", config.get("max_position_embeddings"))
+        if isinstance(limit, int) and length > limit:
+            raise InputError(
+                f"the decoder prompt and max_new_tokens need {length} positions; the model has "
+                f"{limit}"
+            )
+
+
+def start_tokens(repo: Repo) -> list[int]:
+    """The decoder's first token: decoder_start_token_id (generation_config.json's, then
+    config.json's)."""
+    for source in (repo.generation_config, repo.config):
+        start = source.get("decoder_start_token_id")
+        if isinstance(start, int):
+            return [start]
+    raise InputError(f"{repo.source}: no decoder_start_token_id in generation_config.json")
+
+
+def seq2seq_settings(repo: Repo, settings: Settings, prompt_length: int) -> Settings:
+    """generation_config.json's forced and suppressed tokens added to `settings`, as
+    transformers' logits processors apply them (a forced first token only after a prompt of
+    one token)."""
+
+    def ids(name):
+        value = repo.generation_config.get(name, repo.config.get(name))
+        return () if value is None else (value,) if isinstance(value, int) else tuple(value)
+
+    bos = ids("forced_bos_token_id")
+    return replace(
+        settings,
+        forced_bos=bos[0] if bos and prompt_length == 1 else None,
+        forced_eos=ids("forced_eos_token_id"),
+        suppress=ids("suppress_tokens"),
+        begin_suppress=ids("begin_suppress_tokens"),
+    )
