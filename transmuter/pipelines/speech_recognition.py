@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
 from transmuter.errors import InputError
@@ -49,26 +48,23 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
 
     def generate(self, features: np.ndarray, *, key: Any = None, **options: Any):
         """The new token ids (after the prompt) for log-mel `features` [batch, mels, frames]."""
-        self._check(options)
-        given = {**self.defaults, **options}
-        if key is None:
-            self._keys, key = jax.random.split(self._keys)
+        given, key = self._given(options, key)
         max_new = int(given["max_new_tokens"])
         prompt = self.prompt(given["language"], given["task"])
         self._check_length(len(prompt) + max_new)
         settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
-        watcher = self._watch(features.shape[0], given["stop"], given["on_token"])
-        rows = self.decoder.generate(
-            {"input_features": np.asarray(features, np.float32)},
-            prompt,
-            max_new_tokens=max_new,
-            settings=settings,
-            key=key,
-            on_token=watcher,
+        return self._streamed(
+            features.shape[0],
+            given,
+            lambda on_token: self.decoder.generate(
+                {"input_features": np.asarray(features, np.float32)},
+                prompt,
+                max_new_tokens=max_new,
+                settings=settings,
+                key=key,
+                on_token=on_token,
+            ),
         )
-        if watcher is not None:
-            watcher.flush()
-        return rows
 
     def prompt(self, language: str | None = None, task: str | None = None) -> list[int]:
         """Whisper's decoder prompt, as transformers' generate() makes it: the start token,

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import jax
-
 from transmuter.errors import InputError
 from transmuter.pipelines.generation import Settings
 from transmuter.pipelines.repo import Repo
@@ -48,27 +46,24 @@ class Text2TextGeneration(TextGeneration):
     def generate(self, inputs: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids for each input (lists of token ids), up to and including its end
         of sequence token."""
-        self._check(options)
-        given = {**self.defaults, **options}
-        if key is None:
-            self._keys, key = jax.random.split(self._keys)
+        given, key = self._given(options, key)
         max_new = int(given["max_new_tokens"])
         prompt = start_tokens(self.repo)
         self._check_length(len(prompt) + max_new)
         settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
         encoder_inputs = self.decoder.text_inputs([list(r) for r in inputs], self._pad_id(settings))
-        watcher = self._watch(len(inputs), given["stop"], given["on_token"])
-        rows = self.decoder.generate(
-            encoder_inputs,
-            prompt,
-            max_new_tokens=max_new,
-            settings=settings,
-            key=key,
-            on_token=watcher,
+        return self._streamed(
+            len(inputs),
+            given,
+            lambda on_token: self.decoder.generate(
+                encoder_inputs,
+                prompt,
+                max_new_tokens=max_new,
+                settings=settings,
+                key=key,
+                on_token=on_token,
+            ),
         )
-        if watcher is not None:
-            watcher.flush()
-        return rows
 
     @property
     def programs(self) -> int:

@@ -100,21 +100,34 @@ class TextGeneration:
     def generate(self, prompts: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids of each prompt (lists of token ids), up to and including its end
         of sequence token."""
-        self._check(options)
-        given = {**self.defaults, **options}
-        if key is None:
-            self._keys, key = jax.random.split(self._keys)
+        given, key = self._given(options, key)
         settings = self._settings(given)
         self._check_positions(prompts, int(given["max_new_tokens"]))
-        watcher = self._watch(len(prompts), given["stop"], given["on_token"])
-        rows = self.decoder.generate(
-            prompts,
-            pad_id=self._pad_id(settings),
-            max_new_tokens=int(given["max_new_tokens"]),
-            settings=settings,
-            key=key,
-            on_token=watcher,
+        return self._streamed(
+            len(prompts),
+            given,
+            lambda on_token: self.decoder.generate(
+                prompts,
+                pad_id=self._pad_id(settings),
+                max_new_tokens=int(given["max_new_tokens"]),
+                settings=settings,
+                key=key,
+                on_token=on_token,
+            ),
         )
+
+    def _given(self, options: dict[str, Any], key: Any) -> tuple[dict[str, Any], Any]:
+        """The call's options over the defaults (checked), and its PRNG key (the pipeline's
+        next one unless given)."""
+        self._check(options)
+        if key is None:
+            self._keys, key = jax.random.split(self._keys)
+        return {**self.defaults, **options}, key
+
+    def _streamed(self, batch: int, given: dict[str, Any], decode: Callable) -> list:
+        """`decode(on_token)`'s rows, streaming text and watching for stop strings as asked."""
+        watcher = self._watch(batch, given["stop"], given["on_token"])
+        rows = decode(watcher)
         if watcher is not None:
             watcher.flush()
         return rows
