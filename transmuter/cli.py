@@ -264,7 +264,7 @@ def _file_name(name: str) -> str:
 def check(args) -> int:
     model = _load(args)
     inputs = _inputs(args, model)
-    source = _local_source(args)
+    source = model.origin.path  # the file it was read from (for hf://, the downloaded one)
     _progress("running ONNX Runtime (optimizations off)")
     reference = checking.reference_outputs(source, inputs)
     _progress("running Transmuter (compiled)")
@@ -327,7 +327,7 @@ def bench(args) -> int:
     if importlib.util.find_spec("onnxruntime") is None:
         print("onnxruntime not installed: no side-by-side figure")
         return 0
-    session = checking.reference_session(_local_source(args), optimized=True)
+    session = checking.reference_session(model.origin.path, optimized=True)
     feeds = checking.reference_feeds(session, inputs)
     theirs = _median_ms(lambda: session.run(None, feeds), args.runs)
     print(f"onnxruntime  {theirs:9.3f} ms (default optimizations)")

@@ -529,3 +529,19 @@ def test_without_huggingface_hub_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import raises ImportError
     with pytest.raises(transmuter.ModelLoadError, match=r"pip install transmuter\[hub\]"):
         transmuter.load("hf://org/repo/model.onnx")
+
+
+def test_cli_check_reads_a_hub_model_once(hub, events, capsys):
+    """`transmuter check hf://...` compares against ONNX Runtime on the file the model was
+    loaded from, without asking the Hub a second time."""
+    from transmuter.cli import main
+
+    hub.publish(REPO, {"model.onnx": add_model(WEIGHTS).SerializeToString()})
+    assert main(["check", f"hf://{REPO}/model.onnx"]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert kinds(events) == [
+        "hub.info.start",
+        "hub.info.stop",
+        "hub.download.start",
+        "hub.download.stop",
+    ]
