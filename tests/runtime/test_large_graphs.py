@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import transmuter
 from transmuter import ir, telemetry
-from transmuter.runtime.segments import _reads_after
+from transmuter.runtime.segments import ReadsAfter
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -49,7 +49,7 @@ def test_reads_after_matches_the_names_read_from_each_position():
         [helper.make_tensor_value_info("y", F, [2])],
     )
     plan = transmuter.load(model, optimize=False).plan
-    reads = _reads_after(plan)
+    reads = ReadsAfter(plan)
     steps = plan.steps
     for position in range(len(steps) + 1):
         want = {"y"}

@@ -28,6 +28,7 @@ import numpy as np
 
 from transmuter import ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
+from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
 from transmuter.runtime.execute import on_device
 from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
@@ -61,7 +62,7 @@ class SegmentRunner:
         self.cache_size = cache_size
         self.eager_threshold = eager_threshold
         self.caches: dict[int, OrderedDict[tuple, Segment]] = {}
-        self.reads_after = _reads_after(self.plan)
+        self.reads_after = ReadsAfter(self.plan)
         self._reads: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
         self.data: frozenset[str] = frozenset()
         # Threads share the caches: the lock guards them, and a key being compiled has a future
@@ -106,8 +107,13 @@ class SegmentRunner:
             start = segment.stop + 1
 
     def static_hints(self) -> dict[str, tuple[str, ...]]:
-        """Break node -> the inputs that, made static, would remove that break."""
-        return _static_hints(self)
+        """Break node -> the model inputs that, made static, would remove that break (graph
+        analysis, `Model.graph_breaks`), for the inputs this runner takes as data."""
+        static = frozenset(n for n in self.model.inputs if n not in self.data)
+        if self._hints is None or self._hints[0] != static:
+            found = {b.node: b.static for b in graph_breaks(self.model, static) if b.static}
+            self._hints = (static, found)
+        return self._hints[1]
 
     def _inputs_to_device(self, env: dict[str, Any]) -> None:
         for name in self.data:
@@ -306,18 +312,6 @@ class SegmentRunner:
                     env[name] = jnp.asarray(value)
 
 
-def _static_hints(runner: SegmentRunner) -> dict[str, tuple[str, ...]]:
-    """Break node -> the model inputs that, made static, would remove the break (graph
-    analysis, `Model.graph_breaks`), for the inputs this runner takes as data."""
-    from transmuter.runtime.analysis import graph_breaks
-
-    static = frozenset(n for n in runner.model.inputs if n not in runner.data)
-    if runner._hints is None or runner._hints[0] != static:
-        found = {b.node: b.static for b in graph_breaks(runner.model, static) if b.static}
-        runner._hints = (static, found)
-    return runner._hints[1]
-
-
 def _checked(program: Callable) -> Callable:
     """`program` returning checkify's error too: out-of-range gather and scatter indices."""
     from jax.experimental import checkify
@@ -363,7 +357,7 @@ def _end(segment: Segment, length: int) -> int:
     return length if segment.stop is None else segment.stop
 
 
-class _ReadsAfter:
+class ReadsAfter:
     """`reads_after[p]`: the names that nodes p.. (and their subgraphs) read, plus the graph
     outputs; `[len]` and `[-1]` are the graph outputs alone. From each name's last reading
     position, found in one pass; a position's set is built when first asked for (segment starts
@@ -389,10 +383,6 @@ class _ReadsAfter:
             found = frozenset(n for n, last in self.last.items() if last >= position)
             self.sets[position] = found
         return found
-
-
-def _reads_after(plan: Plan) -> _ReadsAfter:
-    return _ReadsAfter(plan)
 
 
 def signature(value: Any) -> Any:
