@@ -36,15 +36,20 @@ def fixture_inputs(name: str, case: int = 0) -> dict[str, np.ndarray]:
     return {k[len(prefix) :]: stored[k] for k in stored if k.startswith(prefix)}
 
 
-def median_us(fn, repeat: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+def alternating_us(fns: dict, repeat: int, block: int = 20) -> dict[str, float]:
+    """Median microseconds of each function, timed in alternating blocks of `block` calls so
+    that all of them see the same machine state."""
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    times = {label: [] for label in fns}
+    for _ in range(max(1, repeat // block)):
+        for label, fn in fns.items():
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(t) * 1e6 for label, t in times.items()}
 
 
 def call_overhead(name: str, repeat: int) -> dict:
@@ -64,18 +69,23 @@ def call_overhead(name: str, repeat: int) -> dict:
             jax.block_until_ready(jitted(model.params, x))
 
     direct(other)
-    ours = median_us(lambda: jax.block_until_ready(compiled(inputs)), repeat)
-    cached = median_us(lambda: jax.block_until_ready(compiled(other)), repeat)
-    plain = median_us(lambda: direct(inputs), repeat)
-    plain_other = median_us(lambda: direct(other), repeat)
+    t = alternating_us(
+        {
+            "ours": lambda: jax.block_until_ready(compiled(inputs)),
+            "plain": lambda: direct(inputs),
+            "cached": lambda: jax.block_until_ready(compiled(other)),
+            "plain_other": lambda: direct(other),
+        },
+        repeat,
+    )
     return {
         "model": name,
-        "compiled_call_us": ours,
-        "jitted_call_us": plain,
-        "ratio": ours / plain,
-        "cache_hit_call_us": cached,
-        "jitted_other_shape_us": plain_other,
-        "cache_hit_ratio": cached / plain_other,
+        "compiled_call_us": t["ours"],
+        "jitted_call_us": t["plain"],
+        "ratio": t["ours"] / t["plain"],
+        "cache_hit_call_us": t["cached"],
+        "jitted_other_shape_us": t["plain_other"],
+        "cache_hit_ratio": t["cached"] / t["plain_other"],
     }
 
 
@@ -139,11 +149,11 @@ def disk_cache(model_path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=1000)
     parser.add_argument("--skip-disk", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    results = {"overhead": [call_overhead(n, args.repeat) for n in ("bert", "resnet")]}
+    results = {"overhead": [call_overhead(n, args.repeat) for n in ("vit", "bert", "resnet")]}
     results["events"] = event_cost()
     minilm = HERE / ".cache" / "minilm.onnx"
     if not args.skip_disk and minilm.exists():

@@ -180,6 +180,18 @@ def test_bad_inputs_name_the_input(proto, inputs, match):
     model = transmuter.load(proto)
     with pytest.raises(transmuter.InputError, match=match):
         transmuter.run(model, inputs)
+    # The compiled callable's hot path (inputs of the example's shapes) refuses them too.
+    compiled = transmuter.compile(model, {"x": np.zeros((2, 4), np.float32)})
+    with pytest.raises(transmuter.InputError, match=match):
+        compiled(inputs)
+
+
+def test_compiled_call_takes_any_array_form_at_the_example_shape(proto, x):
+    model = transmuter.load(proto)
+    compiled = transmuter.compile(model, {"x": x})
+    want = np.asarray(transmuter.run(model, {"x": x})["y"])
+    for given in (x, x.astype(">f4"), jnp.asarray(x), x.tolist(), np.asfortranarray(x)):
+        np.testing.assert_array_equal(np.asarray(compiled({"x": given})["y"]), want)
 
 
 def test_python_values_take_the_declared_dtype(proto):

@@ -110,9 +110,13 @@ class Model:
         arrays = {
             name: _check_input(name, inputs[name], self.input_specs[name]) for name in self.inputs
         }
+        self.check_index_ranges(arrays)
+        return arrays
+
+    def check_index_ranges(self, arrays: Mapping[str, Any]) -> None:
+        """Raise an InputError for an integer input holding an index outside a table it reads."""
         for name, ranges in self.index_ranges.items():
             _check_range(name, arrays[name], ranges)
-        return arrays
 
     def check_input(self, name: str, value: Any) -> Any:
         """One input as an array, checked against its declared type."""
@@ -261,16 +265,23 @@ def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
     if not isinstance(spec, ir.TensorType):
         return value  # sequences, optionals and undeclared types are taken as given
     value = _as_array(name, value, spec.dtype)
-    got = f"{np.dtype(value.dtype).name}{list(value.shape)}"
-    if np.dtype(value.dtype) != spec.dtype:
-        raise InputError(f"input {name!r} expects {spec}, got {got}: cast it to {spec.dtype.name}")
+    if value.dtype != spec.dtype:
+        raise InputError(
+            f"input {name!r} expects {spec}, got {_got(value)}: cast it to {spec.dtype.name}"
+        )
     if spec.shape is not None:
         if len(value.shape) != len(spec.shape):
-            raise InputError(f"input {name!r} expects rank {len(spec.shape)} ({spec}), got {got}")
+            raise InputError(
+                f"input {name!r} expects rank {len(spec.shape)} ({spec}), got {_got(value)}"
+            )
         for axis, (want, have) in enumerate(zip(spec.shape, value.shape)):
             if isinstance(want, int) and want != have:
-                raise InputError(f"input {name!r} expects {spec}, got {got} (axis {axis})")
+                raise InputError(f"input {name!r} expects {spec}, got {_got(value)} (axis {axis})")
     return value
+
+
+def _got(value: Any) -> str:
+    return f"{np.dtype(value.dtype).name}{list(value.shape)}"
 
 
 def _check_map(name: str, value: Any, spec: ir.MapType) -> dict:

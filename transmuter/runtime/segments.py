@@ -13,6 +13,8 @@ concrete); each position keeps its `cache_size` most recently used entries.
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import threading
 import time
@@ -396,7 +398,12 @@ def signature(value: Any) -> Any:
         return ("map", tuple((k, signature(value[k])) for k in sorted(value)))
     if isinstance(value, str):  # a map's string value: keyed by content (host values)
         return ("str", value)
-    return (tuple(value.shape), np.dtype(value.dtype).name)
+    return (tuple(value.shape), _dtype_name(value.dtype))
+
+
+@functools.cache
+def _dtype_name(dtype: np.dtype) -> str:
+    return np.dtype(dtype).name  # a numpy property that takes microseconds: once per dtype
 
 
 def _holds_strings(value: Any) -> bool:
