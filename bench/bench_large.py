@@ -6,7 +6,8 @@
 
 Workloads: `chain1000` / `chain4000` (synthetic, made here with onnx.helper: blocks of MatMul,
 Add, Relu and a Shape -> Gather -> Concat -> Reshape, 8 nodes a block), and `encoder24`,
-`decoder32`, `detector` from bench/.cache/large/ (tests/fixtures/make_large.py). The detector
+`decoder32` (and the same with 6 and 8 layers, `encoder6`, `decoder8`), `detector` from
+bench/.cache/large/ (tests/fixtures/make_large.py). The detector
 runs twice: its text inputs as data (a NonZero on input_ids breaks the graph) and as
 `static_inputs` (one program).
 
@@ -14,7 +15,8 @@ Per workload, in a process of its own (JAX's caches start empty): load s, compil
 `transmuter.compile` call, which runs the example once) split into trace (our graph walk, with
 host evaluation and JAX's tracing of each op), lower (JAX to StableHLO) and XLA, from
 `transmuter.segment.compile.stop`; "ours" = load + compile - XLA, and per node; the first
-result (load + compile + one call, outputs as numpy); the median call; ONNX Runtime's session +
+result (load + compile + one call, outputs as numpy); `--passes` picks load's graph passes
+(`default`, `none`, or names: `fold,cse,layers,dce`); the median call; ONNX Runtime's session +
 first run and median run; max|diff| against ORT.
 """
 
@@ -33,7 +35,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / ".cache" / "large"
 STATIC = ("input_ids", "token_type_ids", "attention_mask")
-WORKLOADS = ["chain1000", "chain4000", "encoder24", "decoder32", "detector", "detector-static"]
+WORKLOADS = [
+    "chain1000",
+    "chain4000",
+    "encoder6",
+    "encoder24",
+    "decoder8",
+    "decoder32",
+    "detector",
+    "detector-static",
+]
 
 
 def chain(nodes: int):
@@ -94,7 +105,7 @@ def workload(name: str):
     return str(path), inputs, static
 
 
-def one(name: str, repeat: int, profile: bool) -> dict:
+def one(name: str, repeat: int, profile: bool, passes: list[str] | bool = True) -> dict:
     """Time one workload in this process."""
     source, inputs, static = workload(name)
     import onnxruntime as ort
@@ -115,7 +126,7 @@ def one(name: str, repeat: int, profile: bool) -> dict:
         profiler = cProfile.Profile()
         profiler.enable()
     began = time.perf_counter()
-    model = transmuter.load(source)
+    model = transmuter.load(source, optimize=passes)
     loaded = time.perf_counter()
     compiled = transmuter.compile(
         model, inputs, static_inputs={k: inputs[k] for k in static} or None
@@ -132,6 +143,10 @@ def one(name: str, repeat: int, profile: bool) -> dict:
             pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(60)
             pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
     nodes = len(model.plan.steps)
+    import onnx
+
+    proto = onnx.load(source) if isinstance(source, str) else onnx.load_from_string(source)
+    file_nodes = len(proto.graph.node)
     trace = sum(md["trace_s"] for _, md in segments)
     lower = sum(md["lower_s"] for _, md in segments)
     xla = sum(md["xla_s"] for _, md in segments)
@@ -168,6 +183,7 @@ def one(name: str, repeat: int, profile: bool) -> dict:
     return {
         "name": name,
         "nodes": nodes,
+        "file_nodes": file_nodes,
         "segments": len(compiled.segments),
         "compiled_segments": sum(1 for s in compiled.segments if s[2]),
         "breaks": len(breaks),
@@ -178,7 +194,7 @@ def one(name: str, repeat: int, profile: bool) -> dict:
         "xla_s": xla,
         "other_s": compile_s - seg_total,
         "ours_s": ours,
-        "ours_ms_per_node": 1e3 * ours / nodes,
+        "ours_ms_per_node": 1e3 * ours / file_nodes,
         "first_s": first_at - began,
         "call_ms": 1e3 * call,
         "ort_first_s": ort_first,
@@ -193,15 +209,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="cProfile load + compile")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument(
+        "--passes", default="default", help='graph passes: "default", "none" or names, "a,b"'
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one(args.one, args.repeat, args.profile)))
+        passes = {"default": True, "none": False}.get(args.passes) or args.passes.split(",")
+        print("RESULT " + json.dumps(one(args.one, args.repeat, args.profile, passes)))
         return
     rows = []
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     for name in args.only.split(","):
         command = [sys.executable, __file__, "--one", name, "--repeat", str(args.repeat)]
+        command += ["--passes", args.passes]
         done = subprocess.run(
             command + (["--profile"] if args.profile else []),
             capture_output=True,
@@ -214,13 +235,14 @@ def main() -> None:
             continue
         rows.append(json.loads(line[0][7:]))
     print(
-        "| workload | nodes | segments (compiled) | load s | trace s | lower s | XLA s | "
-        "ours s | ours ms/node | first s | ORT first s | call ms | ORT call ms | max\\|diff\\| |"
+        "| workload | file nodes | nodes | segments (compiled) | load s | trace s | lower s | "
+        "XLA s | ours s | ours ms/file node | first s | ORT first s | call ms | ORT call ms | "
+        "max\\|diff\\| |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(
-            f"| {r['name']} | {r['nodes']} | {r['segments']} ({r['compiled_segments']}) | "
+            f"| {r['name']} | {r['file_nodes']} | {r['nodes']} | {r['segments']} ({r['compiled_segments']}) | "
             f"{r['load_s']:.2f} | {r['trace_s']:.2f} | {r['lower_s']:.2f} | {r['xla_s']:.2f} | "
             f"{r['ours_s']:.2f} | {r['ours_ms_per_node']:.3f} | {r['first_s']:.2f} | "
             f"{r['ort_first_s']:.2f} | {r['call_ms']:.2f} | {r['ort_call_ms']:.2f} | "

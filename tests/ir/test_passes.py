@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from layered import layered_inputs, layered_model
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
@@ -306,3 +307,96 @@ def test_attention_reorders_the_softmax(opset, masked):
         feeds["mask"] = mask
     optimized = _agree(proto, feeds, ["attention"])
     assert "Softmax" not in _ops(optimized) and "Div" in _ops(optimized)
+
+
+# ---- layers: repeated blocks as one Scan -----------------------------------------------------
+
+LAYERS = ["fold", "cse", "layers", "dce"]
+
+
+def _scans(model):
+    return [n for n in model.ir.graph.nodes if n.op_type == "Scan"]
+
+
+@pytest.mark.parametrize("layers", [5, 8])
+def test_layers_scan_repeated_blocks(layers):
+    proto, shapes = layered_model(layers)
+    optimized = _agree(proto, layered_inputs(shapes), LAYERS)
+    (scan,) = _scans(optimized)
+    body = scan.attrs["body"]
+    # One state (the hidden state between layers) and the five weights, stacked per layer.
+    assert len(scan.inputs) - scan.attrs["num_scan_inputs"] == 1
+    assert scan.attrs["num_scan_inputs"] == 5
+    stacked = [optimized.ir.graph.initializers[n] for n in scan.inputs[1:]]
+    scanned = stacked[0].shape[0]
+    assert scanned >= layers - 2 and {a.shape[0] for a in stacked} == {scanned}
+    assert len(body.nodes) == 15  # the three Constants each layer had are one after CSE
+    # Another shape of the same program: the reshape chain inside the body follows it.
+    other = layered_inputs(shapes, batch=3, seq=2)
+    want = transmuter.run(transmuter.load(proto, optimize=False), other)["y"]
+    np.testing.assert_allclose(np.asarray(transmuter.run(optimized, other)["y"]), want, 1e-5, 1e-5)
+
+
+def test_layers_with_every_hidden_state_read_after():
+    proto, shapes = layered_model(5, every_output=True)
+    optimized = _agree(proto, layered_inputs(shapes), LAYERS)
+    (scan,) = _scans(optimized)
+    assert len(scan.outputs) == 2  # the final state and the stacked per-layer states
+    assert _ops(optimized).count("Gather") >= 2
+
+
+@pytest.mark.parametrize("case", ["per_layer_input", "random", "shared"])
+def test_layers_left_alone(case):
+    """Per-layer graph inputs (a KV cache) would have to be stacked on every call; a random
+    operator in a Scan body would draw the same values in every layer; layers without weights
+    of their own (one set shared, ALBERT's) are not told apart from chains of cheap ops."""
+    proto, shapes = layered_model(5, **{case: True})
+    model = transmuter.load(proto, optimize=LAYERS)
+    assert not _scans(model)
+    if case == "per_layer_input":
+        _agree(proto, layered_inputs(shapes), LAYERS)
+
+
+def test_layers_keep_a_trainable_models_params():
+    proto, _ = layered_model(5)
+    trained = transmuter.load(proto, optimize=LAYERS, trainable=True)
+    assert not _scans(trained) and "w3_up" in trained.params
+
+
+def test_layers_whose_state_changes_shape_run_unrolled():
+    """Blocks of the same nodes and weight shapes that halve the spatial size: the Scan's
+    lowering sees the state change shape and unrolls it (lax.scan cannot carry it)."""
+    c = 4
+    nodes, inits, h = [], [], "x"
+    for j in range(4):
+        p = f"b{j}_"
+        nodes += [
+            helper.make_node("Conv", [h, p + "w", p + "b"], [p + "conv"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [p + "conv"], [p + "relu"]),
+            helper.make_node("Add", [p + "relu", h], [p + "res"]),
+            helper.make_node(
+                "MaxPool", [p + "res"], [p + "pool"], kernel_shape=[2, 2], strides=[2, 2]
+            ),
+        ]
+        nodes += [
+            helper.make_node("Sigmoid" if k % 2 else "Neg", [p + f"s{k}"], [p + f"s{k + 1}"])
+            for k in range(12)
+        ]
+        nodes[-12] = helper.make_node("Neg", [p + "pool"], [p + "s1"])
+        h = p + "s12"
+        inits += [(p + "w", _weights(c * 9, c).T.reshape(c, c, 3, 3)), (p + "b", _weights(c))]
+    proto = _model(nodes, [("x", [1, c, 32, 32])], [h], inits)
+    optimized = _agree(proto, {"x": RNG.standard_normal((1, c, 32, 32), np.float32)}, LAYERS)
+    assert _scans(optimized)
+
+
+def test_layers_export_with_symbolic_dims():
+    proto, shapes = layered_model(5)
+    model = transmuter.load(proto, optimize=LAYERS)
+    assert _scans(model)
+    exported = transmuter.export(model)
+    for batch, seq in ((1, 3), (4, 7)):
+        feeds = layered_inputs(shapes, batch, seq)
+        (got,) = exported.call(*(feeds[n] for n in model.inputs))
+        want = transmuter.run(transmuter.load(proto, optimize=False), feeds)["y"]
+        np.testing.assert_allclose(np.asarray(got), want, 1e-5, 1e-5)

@@ -573,6 +573,28 @@ def test_scan_two_inputs_two_states_outer_scope(rng):
     _check(_model([node], inputs, ["a_f", "b_f", "ds"], opset=16), inputs)
 
 
+def test_scan_state_that_grows_is_unrolled(rng):
+    """ONNX lets a Scan's state change shape (lax.scan does not): the state collects the
+    elements, [1] -> [2] -> [3] -> [4]; the loop runs unrolled. ONNX Runtime refuses it."""
+    body = _graph(
+        [
+            helper.make_node("Concat", ["s_in", "x_t"], ["s_out"], axis=0),
+            helper.make_node("ReduceSum", ["s_out"], ["y_t"], keepdims=1),
+        ],
+        [_vi("s_in", TP.FLOAT, ["n"]), _vi("x_t", TP.FLOAT, [1])],
+        [_vi("s_out", TP.FLOAT, ["m"]), _vi("y_t", TP.FLOAT, [1])],
+    )
+    node = helper.make_node("Scan", ["s0", "xs"], ["s_f", "ys"], body=body, num_scan_inputs=1)
+    inputs = {"s0": np.array([1], F32), "xs": rng.standard_normal((3, 1)).astype(F32)}
+    model = _model([node], inputs, ["s_f", "ys"], opset=16)
+    xs = inputs["xs"][:, 0]
+    state = np.concatenate([[1], xs]).astype(F32)
+    sums = np.cumsum(state)[1:].reshape(3, 1)
+    for mode, (final, ys) in transmuter_runs(model, inputs).items():
+        assert_close(final, state, rtol=1e-6, atol=1e-6, what=f"final state ({mode})")
+        assert_close(ys, sums, rtol=1e-6, atol=1e-6, what=f"scan output ({mode})")
+
+
 @pytest.mark.parametrize("directions", [None, [0], [1]])
 @pytest.mark.parametrize("lengths", [None, [4, 2, 1]])
 def test_scan_v8_batch_and_sequence_lens(rng, directions, lengths):

@@ -213,6 +213,31 @@ def finetune() -> dict:
     return {"single": single, "parallel": parallel}
 
 
+def layered() -> dict:
+    """Six repeated layers, which load's `layers` pass makes one Scan over stacked weights, on a
+    (2, 4) mesh: the stacked weights split inside the layer (never along the layer axis)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from layered import layered_inputs, layered_model
+
+    proto, shapes = layered_model(6)
+    model = transmuter.load(proto)
+    batch = layered_inputs(shapes, batch=BATCH)
+    want = transmuter.compile(model, batch)(batch)
+    compiled = transmuter.compile(
+        model, batch, mesh=mesh((2, 4), ("data", "model")), data_axis="data", model_axis="model"
+    )
+    got = compiled(batch)
+    scans = [n for n in model.ir.graph.nodes if n.op_type == "Scan"]
+    return {
+        "scans": len(scans),
+        "error": max_error(got, want),
+        "specs": {
+            n: str(a.sharding.spec) for n, a in compiled.model.params.items() if "__layers" in n
+        },
+        "collectives": [c for c in COLLECTIVES if c in hlo(compiled)],
+    }
+
+
 def quick() -> dict:
     """BERT over a (2, 4) mesh, both kinds of parallelism, and a batch that does not split."""
     cases = matrix(("bert",), LAYOUTS[:1])
@@ -225,7 +250,7 @@ def quick() -> dict:
         refused = None
     except transmuter.InputError as exc:
         refused = str(exc)
-    return {"cases": cases, "refused": refused}
+    return {"cases": cases, "refused": refused, "layered": layered()}
 
 
 def host(process: int, port: int) -> dict:

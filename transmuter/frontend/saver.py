@@ -112,7 +112,9 @@ def _replace_initializers(graph: onnx.GraphProto, arrays: Mapping[str, np.ndarra
     if unknown:
         raise InputError(
             f"{len(unknown)} of the params to save are not initializers of the model's main "
-            f"graph: {unknown[:5]}; pass a dict keyed like model.params"
+            f"graph: {unknown[:5]}; load's graph passes stack and fold the weights of a model "
+            "that is not trainable: load with trainable=True (which keeps the file's "
+            "initializers as the params) to save"
         )
     for name, array in arrays.items():
         original = dense[name] if name in dense else sparse[name].values

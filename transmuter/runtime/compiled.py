@@ -94,7 +94,8 @@ class CompiledModel:
             signature = self._signature(self._pad(self._example)[0])
             self._fast = (signature, first, weights, read_inputs)
             plain = self.buckets is None and placement is None and self._keys is None
-            if plain and not self.static_inputs:
+            tensors = all(isinstance(v, _ARRAYS) for v in self._example.values())
+            if plain and tensors and not self.static_inputs:
                 self._exact = tuple((n, _shape_dtype(self._example[n])) for n in model.inputs)
 
     @property

@@ -34,7 +34,23 @@ def context(model: ir.Model, *, trainable: bool = False) -> passes.Context:
         evaluate=lambda node, values: evaluate(node, values, opsets),
         random=lambda node: _opdef(node, opsets) is None or _opdef(node, opsets).random,
         device_bound=_device_bound,
+        traces=lambda node, traced: _traces(node, traced, opsets),
     )
+
+
+def _traces(node: ir.Node, traced: frozenset[int], opsets) -> bool | None:
+    """Whether `node`'s outputs are traced when the inputs at `traced` are; None where it would
+    need one of them on the host (a declared host input, or an op that may ask for one). The
+    ops that ask only given strings (`strings_on_host`) count as tracing: traced values are
+    numbers."""
+    if not traced:
+        return False
+    opdef = _opdef(node, opsets)
+    if opdef is None or opdef.may_need_host is not None or opdef.host_outputs:
+        return None
+    if traced & set(opdef.host_input_indices(node.inputs)):
+        return None
+    return not opdef.reads_shape  # Shape and Size read shapes, which tracing knows
 
 
 def _device_bound(array: np.ndarray) -> bool:

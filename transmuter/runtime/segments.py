@@ -14,7 +14,6 @@ concrete); each position keeps its `cache_size` most recently used entries.
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import threading
 import time
@@ -236,7 +235,8 @@ class SegmentRunner:
             lowered = traced.lower()
             lowered_at = time.perf_counter()
             stop = found["stop"]
-            length = (stop if stop is not None else len(self.plan.steps)) - start
+            steps = self.plan.steps[start:stop]
+            length = sum(1 + _body_nodes(step.node) for step in steps)
             # A short segment around a break costs more to compile than to run op by op; a graph
             # without breaks always compiles, whatever its size, and so does one whose only break
             # is a node building host values (ZipMap's maps) from the segment's results.
@@ -353,6 +353,12 @@ def _to_device_after_break(value: Any, data_dependent: bool, host_needed: bool) 
 
 def _fold(key: Any, position: int) -> Any:
     return None if key is None else jax.random.fold_in(key, position)
+
+
+def _body_nodes(node: ir.Node) -> int:
+    """The nodes of a node's subgraphs, counted into a segment's length: a Scan of a model's
+    repeated layers is a long segment however few nodes surround it."""
+    return sum(len(g.nodes) + sum(_body_nodes(n) for n in g.nodes) for g in ir.subgraphs(node))
 
 
 def _end(segment: Segment, length: int) -> int:

@@ -17,6 +17,11 @@ here is per model; the rules read the graph:
 - `param_sharding={regex: PartitionSpec}` places the weights whose names a pattern matches (the
   first that `re.search` finds), over the default.
 
+Repeated layers that load's `layers` pass made one Scan read their weights stacked along a new
+first axis (named after the first layer's weight, `...__layers`): the rules above apply inside
+the Scan's body, to one layer's slice, and a `param_sharding` spec matching a stacked weight
+places each slice (the layer axis is never split).
+
 Placement is never a matter of correctness (the partitioner computes the same function for any
 placement), only of the collectives it needs.
 """
@@ -115,7 +120,46 @@ def find_splits(graph: ir.Graph) -> dict[str, int]:
         if node.op_type == "Gather" and node.domain == "" and table in graph.initializers:
             if np.ndim(graph.initializers[table]) == 2 and node.attrs.get("axis", 0) == 0:
                 splits.setdefault(table, 0)
+    for node in graph.nodes:
+        for stacked, axis in _layer_splits(graph, node).items():
+            splits.setdefault(stacked, axis)
     return splits
+
+
+def stacked_layers(graph: ir.Graph, node: ir.Node) -> dict[str, str]:
+    """For a Scan over weights stacked along their first axis (the `layers` graph pass's, or
+    an exporter's): the name each body reads one layer's slice by -> the stacked initializer."""
+    if node.op_type != "Scan" or node.domain != "" or "num_scan_inputs" not in node.attrs:
+        return {}
+    body, m = node.attrs["body"], node.attrs["num_scan_inputs"]
+    n = len(node.inputs) - m
+    axes = node.attrs.get("scan_input_axes") or [0] * m
+    directions = node.attrs.get("scan_input_directions") or [0] * m
+    return {
+        inner.name: outer
+        for outer, inner, axis, direction in zip(
+            node.inputs[n:], body.inputs[n:], axes, directions, strict=True
+        )
+        if outer in graph.initializers and axis == 0 and direction == 0
+    }
+
+
+def _layer_splits(graph: ir.Graph, node: ir.Node) -> dict[str, int]:
+    """The default rules inside a Scan body, one layer's slice standing for each stacked
+    weight: the same column / row pairs as unrolled layers, one axis further."""
+    slices = stacked_layers(graph, node)
+    if not slices:
+        return {}
+    body = node.attrs["body"]
+    # Zero-stride views: the slices' shapes without their memory.
+    views = {
+        inner: np.broadcast_to(
+            np.zeros((), graph.initializers[outer].dtype), graph.initializers[outer].shape[1:]
+        )
+        for inner, outer in slices.items()
+    }
+    layer = ir.Graph(body.nodes, body.inputs, body.outputs, {**body.initializers, **views})
+    return {slices[name]: axis + 1 for name, axis in find_splits(layer).items() if name in slices}
 
 
 def _reached(start: ir.Node, by_input, consumers) -> list[Linear]:
@@ -150,13 +194,16 @@ def weight_specs(
     patterns = _compiled_rules(rules, mesh)
     splits = find_splits(graph) if model_axis is not None else {}
     size = mesh.shape[model_axis] if model_axis is not None else 1
+    stacked = {w for node in graph.nodes for w in stacked_layers(graph, node).values()}
     specs = {}
     for name in names:
         shape = np.shape(graph.initializers[name])
         rule = next(((p, s) for p, s in patterns if p.search(name)), None)
         if rule is not None:
+            # A rule for a layer's weight places each layer's slice of a stacked one.
+            spec = PartitionSpec(None, *rule[1]) if name in stacked else rule[1]
             specs[name] = _checked_spec(
-                name, shape, rule[1], mesh, f"param_sharding[{rule[0].pattern!r}]"
+                name, shape, spec, mesh, f"param_sharding[{rule[0].pattern!r}]"
             )
         elif name in splits and shape[splits[name]] % size == 0:
             spec = [None] * len(shape)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from transmuter.ir.graph import Model
-from transmuter.ir.passes import attention, conv_fold, cse, dce, fold, qkv
+from transmuter.ir.passes import attention, conv_fold, cse, dce, fold, layers, qkv
 from transmuter.ir.passes.common import Context
 
 __all__ = ["DEFAULT", "PASSES", "Context", "Pass", "optimize"]
@@ -22,17 +22,19 @@ __all__ = ["DEFAULT", "PASSES", "Context", "Pass", "optimize"]
 Pass = Callable[[Model, Context], Model]
 
 # Pipeline order. Folding first (it turns weight-only chains into initializers that Conv and
-# MatMul rewrites can read), CSE next (it merges what folding made equal), dead code last.
+# MatMul rewrites can read), CSE next (it merges what folding made equal), the rewrites inside
+# a layer before `layers` makes the repeated layers one Scan body, dead code last.
 PASSES: dict[str, Pass] = {
     "fold": fold.run,
     "cse": cse.run,
     "conv_fold": conv_fold.run,
     "qkv": qkv.run,
     "attention": attention.run,
+    "layers": layers.run,
     "dce": dce.run,
 }
 # The passes `optimize=True` runs: those the benchmark shows pay (bench/README.md).
-DEFAULT: tuple[str, ...] = ("fold", "cse", "dce")
+DEFAULT: tuple[str, ...] = ("fold", "cse", "layers", "dce")
 
 
 def optimize(model: Model, names: Iterable[str] | None, context: Context) -> Model:

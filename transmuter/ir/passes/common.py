@@ -32,6 +32,9 @@ class Context:
     random: whether a node draws random numbers (the registry's fact).
     device_bound: whether an initializer is a device value at run time (a param or device
     constant) rather than a host constant: folded results of host values stay host values.
+    traces: `(node, positions of its inputs that are traced) -> whether its outputs are traced`,
+    or None where the node would need one of those inputs on the host (a Reshape's target
+    computed from traced data): the registry's facts. Without them, no traced input is allowed.
     """
 
     opsets: Mapping[str, int] = field(default_factory=dict)
@@ -39,6 +42,9 @@ class Context:
     evaluate: Callable[[Node, dict[str, np.ndarray]], list[Any] | None] | None = None
     random: Callable[[Node], bool] = lambda node: node.domain == "" and node.op_type in RANDOM_OPS
     device_bound: Callable[[np.ndarray], bool] = lambda array: array.size > 64
+    traces: Callable[[Node, frozenset[int]], bool | None] = lambda node, traced: (
+        None if traced else False
+    )
 
     def opset(self, domain: str = "") -> int:
         return int(self.opsets.get(domain, 0))

@@ -308,12 +308,35 @@ def scan(
         outs = ctx.run_graph(body, [*carry, *elems])
         return list(outs[:n]), tuple(outs[n:])
 
-    final, stacked = jax.lax.scan(step, values[:n], xs)
+    if lengths == {0} or _scan_is_stable(step, values[:n], xs):
+        final, stacked = jax.lax.scan(step, values[:n], xs)
+    else:
+        final, stacked = _unrolled_scan(step, values[:n], xs, k)
     outputs = []
     for j, (y, axis, reverse) in enumerate(zip(stacked, out_axes, out_dirs, strict=True)):
         y = jnp.flip(y, 0) if reverse else y  # prepending reverses the iteration order
         outputs.append(jnp.moveaxis(y, 0, normalize_axis(axis, y.ndim, f"scan_output_axes[{j}]")))
     return (*final, *outputs)
+
+
+def _scan_is_stable(step, state: Sequence[Any], xs: Sequence[Any]) -> bool:
+    """Whether one step, traced abstractly, keeps the state's shapes and dtypes and needs no
+    state value on the host: what lax.scan needs. ONNX's Scan asks neither."""
+    try:
+        out, _ = jax.eval_shape(step, _specs(list(state)), [_specs(x[0]) for x in xs])
+    except HostValueNeeded:
+        return False
+    return _signature(out) == _signature(_specs(list(state)))
+
+
+def _unrolled_scan(step, state: Sequence[Any], xs: Sequence[Any], k: int) -> tuple:
+    """The scan as a Python loop (unrolled under a trace): the state may change shape."""
+    state, ys = list(state), [[] for _ in range(k)]
+    for t in range(int(np.shape(xs[0])[0])):
+        state, outs = step(state, [x[t] for x in xs])
+        for acc, y in zip(ys, outs, strict=True):
+            acc.append(y)
+    return state, tuple(_stack(acc) for acc in ys)
 
 
 @op("Scan", since=8, context=True)
