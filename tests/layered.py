@@ -15,7 +15,7 @@ D, HIDDEN = 8, 16
 
 
 def layered_model(
-    layers: int = 6,
+    layers: int = 10,
     *,
     shared: bool = False,
     every_output: bool = False,

@@ -318,7 +318,7 @@ def _scans(model):
     return [n for n in model.ir.graph.nodes if n.op_type == "Scan"]
 
 
-@pytest.mark.parametrize("layers", [5, 8])
+@pytest.mark.parametrize("layers", [10, 13])
 def test_layers_scan_repeated_blocks(layers):
     proto, shapes = layered_model(layers)
     optimized = _agree(proto, layered_inputs(shapes), LAYERS)
@@ -338,7 +338,7 @@ def test_layers_scan_repeated_blocks(layers):
 
 
 def test_layers_with_every_hidden_state_read_after():
-    proto, shapes = layered_model(5, every_output=True)
+    proto, shapes = layered_model(10, every_output=True)
     optimized = _agree(proto, layered_inputs(shapes), LAYERS)
     (scan,) = _scans(optimized)
     assert len(scan.outputs) == 2  # the final state and the stacked per-layer states
@@ -350,7 +350,7 @@ def test_layers_left_alone(case):
     """Per-layer graph inputs (a KV cache) would have to be stacked on every call; a random
     operator in a Scan body would draw the same values in every layer; layers without weights
     of their own (one set shared, ALBERT's) are not told apart from chains of cheap ops."""
-    proto, shapes = layered_model(5, **{case: True})
+    proto, shapes = layered_model(10, **{case: True})
     model = transmuter.load(proto, optimize=LAYERS)
     assert not _scans(model)
     if case == "per_layer_input":
@@ -358,40 +358,38 @@ def test_layers_left_alone(case):
 
 
 def test_layers_keep_a_trainable_models_params():
-    proto, _ = layered_model(5)
+    proto, _ = layered_model(10)
     trained = transmuter.load(proto, optimize=LAYERS, trainable=True)
     assert not _scans(trained) and "w3_up" in trained.params
 
 
 def test_layers_whose_state_changes_shape_run_unrolled():
-    """Blocks of the same nodes and weight shapes that halve the spatial size: the Scan's
-    lowering sees the state change shape and unrolls it (lax.scan cannot carry it)."""
+    """Blocks of the same nodes and weight shapes that each pad the state by a row and a
+    column: the Scan's lowering sees the state change shape and unrolls the loop (lax.scan
+    cannot carry it)."""
     c = 4
-    nodes, inits, h = [], [], "x"
-    for j in range(4):
+    nodes, inits, h = [], [("grow", np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64))], "x"
+    for j in range(10):
         p = f"b{j}_"
         nodes += [
             helper.make_node("Conv", [h, p + "w", p + "b"], [p + "conv"], pads=[1, 1, 1, 1]),
             helper.make_node("Relu", [p + "conv"], [p + "relu"]),
             helper.make_node("Add", [p + "relu", h], [p + "res"]),
-            helper.make_node(
-                "MaxPool", [p + "res"], [p + "pool"], kernel_shape=[2, 2], strides=[2, 2]
-            ),
+            helper.make_node("Pad", [p + "res", "grow"], [p + "s0"]),
         ]
         nodes += [
             helper.make_node("Sigmoid" if k % 2 else "Neg", [p + f"s{k}"], [p + f"s{k + 1}"])
-            for k in range(12)
+            for k in range(6)
         ]
-        nodes[-12] = helper.make_node("Neg", [p + "pool"], [p + "s1"])
-        h = p + "s12"
+        h = p + "s6"
         inits += [(p + "w", _weights(c * 9, c).T.reshape(c, c, 3, 3)), (p + "b", _weights(c))]
-    proto = _model(nodes, [("x", [1, c, 32, 32])], [h], inits)
-    optimized = _agree(proto, {"x": RNG.standard_normal((1, c, 32, 32), np.float32)}, LAYERS)
+    proto = _model(nodes, [("x", [1, c, 8, 8])], [h], inits)
+    optimized = _agree(proto, {"x": RNG.standard_normal((1, c, 8, 8), np.float32)}, LAYERS)
     assert _scans(optimized)
 
 
 def test_layers_export_with_symbolic_dims():
-    proto, shapes = layered_model(5)
+    proto, shapes = layered_model(10)
     model = transmuter.load(proto, optimize=LAYERS)
     assert _scans(model)
     exported = transmuter.export(model)

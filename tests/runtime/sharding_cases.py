@@ -214,12 +214,12 @@ def finetune() -> dict:
 
 
 def layered() -> dict:
-    """Six repeated layers, which load's `layers` pass makes one Scan over stacked weights, on a
+    """Ten repeated layers, which load's `layers` pass makes one Scan over stacked weights, on a
     (2, 4) mesh: the stacked weights split inside the layer (never along the layer axis)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from layered import layered_inputs, layered_model
 
-    proto, shapes = layered_model(6)
+    proto, shapes = layered_model(10)
     model = transmuter.load(proto)
     batch = layered_inputs(shapes, batch=BATCH)
     want = transmuter.compile(model, batch)(batch)
