@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from transmuter import ir
 from transmuter.errors import InputError
+from transmuter.runtime.execute import to_device
 
 # A part of a dim: a dim name, or a fixed size in a sum (`past_sequence + 1`).
 Part = str | int
@@ -265,7 +265,7 @@ class Buckets:
                 value = np.asarray(outputs[name])
                 for axis, parts in pieces:
                     value = _slice_axis(value, axis, parts)
-                out[name] = jnp.asarray(value)
+                out[name] = to_device(value)
         return out
 
     def _axis_pieces(self, axes, padding: Padding) -> list[tuple[int, list[tuple[int, int]]]]:

@@ -13,7 +13,7 @@ import numpy as np
 from transmuter import dtypes, ir
 from transmuter.errors import InputError
 from transmuter.runtime.analysis import Break, graph_breaks
-from transmuter.runtime.execute import x64_scope
+from transmuter.runtime.execute import to_device, x64_scope
 from transmuter.runtime.interpreter import Plan
 
 # Float initializers with more elements than this are params (jit arguments); smaller ones stay
@@ -72,7 +72,7 @@ class Model:
                 device_constants[name] = array
             else:
                 host_constants[name] = np.asarray(array)
-        place = place or (lambda _, array: jnp.asarray(array))
+        place = place or (lambda _, array: to_device(array))
         with x64_scope():
             self.params: dict[str, jax.Array] = {k: place(k, v) for k, v in params.items()}
             self.device_constants = {k: place(k, v) for k, v in device_constants.items()}

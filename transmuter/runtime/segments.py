@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transmuter import ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
-from transmuter.runtime.execute import on_device
+from transmuter.runtime.execute import on_device, to_device
 from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
 
 # Host results of a break node up to this many elements stay host values (shape-like values
@@ -311,7 +310,7 @@ class SegmentRunner:
             for name in node.outputs:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent, name in needed):
-                    env[name] = jnp.asarray(value)
+                    env[name] = to_device(value)
 
 
 def _checked(program: Callable) -> Callable:
