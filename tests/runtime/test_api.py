@@ -236,6 +236,22 @@ def test_params_must_match(proto, x):
         transmuter.run(model, {"x": x}, params={"W": model.params["W"]})
 
 
+def test_a_cache_hit_at_another_signature_is_counted_and_matches(proto, rng):
+    model = transmuter.load(proto)
+    fn = transmuter.compile(model, {"x": rng.standard_normal((2, 4)).astype(np.float32)})
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    first = np.asarray(fn({"x": x})["y"])
+    hits = []
+    transmuter.telemetry.attach("hits", ["transmuter.cache.hit"], lambda *event: hits.append(1))
+    try:
+        again = fn({"x": x})
+    finally:
+        transmuter.telemetry.detach("hits")
+    np.testing.assert_array_equal(np.asarray(again["y"]), first)
+    np.testing.assert_array_equal(again["x_shape"], [3, 4])
+    assert len(hits) == 1
+
+
 def test_compile_caches_per_signature(proto, rng):
     model = transmuter.load(proto)
     make = lambda n: rng.standard_normal((n, 4)).astype(np.float32)  # noqa: E731

@@ -101,6 +101,17 @@ def test_bad_ids_raise_in_run_and_compiled_call(ids, bad, where):
         compiled(feeds)
 
 
+def test_bad_ids_raise_at_a_cached_signature_too():
+    """A second signature's calls take the hot path once compiled: the ranges are still read."""
+    model = transmuter.load(_embedding_model().SerializeToString())
+    compiled = transmuter.compile(model, VALID)
+    other = _feeds([[0, 1, 2], [3, 4, 5]])
+    want = np.asarray(compiled(other)["y"])
+    np.testing.assert_array_equal(np.asarray(compiled(other)["y"]), want)
+    with pytest.raises(InputError, match=r"'ids' holds 10 at \[1, 2\]"):
+        compiled(_feeds([[0, 1, 2], [3, 4, V]]))
+
+
 @pytest.mark.parametrize("bad", [2, -3, 7])
 def test_bad_token_type_ids_raise(bad):
     model = transmuter.load(_embedding_model().SerializeToString())

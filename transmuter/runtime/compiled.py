@@ -77,9 +77,10 @@ class CompiledModel:
         # Graphs with random operators draw from a key stream: a new key per call.
         self._keys = jax.random.key(0) if _has_random(model.plan) else None
         self._fast: tuple | None = None
-        # The example's (name, (shape, dtype)) in input order, where a call with exactly such
-        # arrays may skip conversion, padding and the signature (`_exactly_example`).
+        # The example's (name, dtype) in input order and its shapes: a call with arrays of those
+        # dtypes may skip conversion, padding and the signature (`_given_shapes`).
         self._exact: tuple | None = None
+        self._exact_shapes: tuple | None = None
         with telemetry.span("transmuter.compile", {"source": model.source}) as span:
             self(example_inputs)
             # A graph without nodes has no segment (its outputs are its inputs or constants).
@@ -96,7 +97,8 @@ class CompiledModel:
             plain = self.buckets is None and placement is None and self._keys is None
             tensors = all(isinstance(v, _ARRAYS) for v in self._example.values())
             if plain and tensors and not self.static_inputs:
-                self._exact = tuple((n, _shape_dtype(self._example[n])) for n in model.inputs)
+                self._exact = tuple((n, self._example[n].dtype) for n in model.inputs)
+                self._exact_shapes = tuple(self._example[n].shape for n in model.inputs)
 
     @property
     def segments(self) -> list[tuple[int, int | str, bool]]:
@@ -112,9 +114,13 @@ class CompiledModel:
         """Run on `inputs`. `key` seeds the random operators of this call; without it, calls
         draw from the callable's own key stream, so each call draws new values."""
         with telemetry.span("transmuter.call", {"source": self.model.source}):
-            if self._exact is not None and key is None and self._exactly_example(inputs):
-                with x64_scope():
-                    return self._run_fast(inputs, None)
+            if self._exact is not None and key is None:
+                shapes = self._given_shapes(inputs)
+                segment = None if shapes is None else self._whole_program(inputs, shapes)
+                if segment is not None:
+                    self.model.check_index_ranges(inputs)
+                    with x64_scope():
+                        return self._run_program(segment, inputs, None)
             given = self._arrays(inputs)
             arrays, padding, note = self._pad(given)
             if self.placement is not None:
@@ -261,22 +267,38 @@ class CompiledModel:
             for k, v in arrays.items()
         )
 
-    def _exactly_example(self, inputs: Any) -> bool:
-        """Whether `inputs` are arrays of exactly the example's shapes and dtypes, so that the
-        checks `_arrays` makes come down to the value ranges of indexing inputs. The hot path
-        of a cache-hit call: a few comparisons per input instead of conversion and checks."""
+    def _given_shapes(self, inputs: Any) -> tuple | None:
+        """The shapes of `inputs` when they are arrays of the model's inputs, each of its
+        example's dtype, else None. The hot path of a cache-hit call: a program compiled for
+        those shapes was compiled for a call that passed every check but the index ranges, so
+        the call needs a few comparisons per input instead of conversion and checks."""
         if type(inputs) is not dict or len(inputs) != len(self._exact):
-            return False
-        for name, expected in self._exact:
+            return None
+        shapes = []
+        for name, dtype in self._exact:
             value = inputs.get(name)
-            if not isinstance(value, _ARRAYS) or _shape_dtype(value) != expected:
-                return False
-        self.model.check_index_ranges(inputs)
-        return True
+            if not isinstance(value, _ARRAYS) or value.dtype != dtype:
+                return None
+            shapes.append(value.shape)
+        return tuple(shapes)
+
+    def _whole_program(self, inputs, shapes: tuple):
+        """The compiled whole-graph segment for inputs of `shapes`: the compile-time one, or a
+        cached one (a cache hit), or None."""
+        if shapes == self._exact_shapes:
+            return self._fast[1]
+        _, _, _, read_inputs = self._fast
+        if len(read_inputs) != len(self._exact):
+            return None  # an input no node reads: only the full checks see its shape
+        return self.runner.compiled_whole(tuple((n, signature(inputs[n])) for n in read_inputs))
 
     def _run_fast(self, arrays, key) -> dict[str, Any]:
         """A break-free graph at its compile-time signature: call the program, skip the cache."""
-        _, segment, weights, read_inputs = self._fast
+        return self._run_program(self._fast[1], arrays, key)
+
+    def _run_program(self, segment, arrays, key) -> dict[str, Any]:
+        """Call a break-free graph's program on `arrays`, checked inputs."""
+        _, _, weights, read_inputs = self._fast
         args = dict(weights)
         args.update((n, arrays[n]) for n in read_inputs)
         produced = segment.program(args, None if key is None else jax.random.fold_in(key, 0))
@@ -296,10 +318,6 @@ class CompiledModel:
 
 
 _ARRAYS = (np.ndarray, jax.Array)
-
-
-def _shape_dtype(value: Any) -> tuple:
-    return value.shape, value.dtype
 
 
 def _is_string(model, name: str) -> bool:

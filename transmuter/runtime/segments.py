@@ -106,6 +106,22 @@ class SegmentRunner:
             self.run_break(segment.stop, env, _fold(key, segment.stop))
             start = segment.stop + 1
 
+    def compiled_whole(self, shapes: tuple) -> Segment | None:
+        """The cached program of the whole graph for device arguments of these (name,
+        signature) pairs and no host values, marked most recently used; None where there is
+        none (not compiled yet, evicted, or a graph break at those shapes)."""
+        cache_key = (shapes, ())
+        with self._lock:
+            cache = self.caches.get(0)
+            segment = None if cache is None else cache.get(cache_key)
+            if segment is None or segment.stop is not None or segment.program is None:
+                return None
+            cache.move_to_end(cache_key)
+        if telemetry.listening("transmuter.cache.hit"):
+            metadata = {"source": self.model.source, "position": 0, "shapes": list(shapes)}
+            telemetry.emit("transmuter.cache.hit", {"count": 1}, metadata)
+        return segment
+
     def static_hints(self) -> dict[str, tuple[str, ...]]:
         """Break node -> the model inputs that, made static, would remove that break (graph
         analysis, `Model.graph_breaks`), for the inputs this runner takes as data."""

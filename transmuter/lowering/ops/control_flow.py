@@ -5,7 +5,8 @@ the host when its inputs are concrete (host values, or concrete arrays when runn
 Under a trace it becomes `lax.cond`, `lax.scan` or `lax.while_loop` when every iteration keeps
 the same shapes; otherwise the op raises HostValueNeeded, where `transmuter.compile` breaks the
 graph. A Loop whose trip count is known on the host runs as `lax.scan` (differentiable), or
-unrolled in Python when its carried values change shape (a growing sequence or concat).
+unrolled in Python when its carried values change shape (a growing sequence or concat); so does
+a Scan whose state changes shape or is needed on the host.
 """
 
 from __future__ import annotations
@@ -322,8 +323,9 @@ def scan(
 def _scan_is_stable(step, state: Sequence[Any], xs: Sequence[Any]) -> bool:
     """Whether one step, traced abstractly, keeps the state's shapes and dtypes and needs no
     state value on the host: what lax.scan needs. ONNX's Scan asks neither."""
+    elements = [jax.ShapeDtypeStruct(np.shape(x)[1:], np.dtype(x.dtype)) for x in xs]
     try:
-        out, _ = jax.eval_shape(step, _specs(list(state)), [_specs(x[0]) for x in xs])
+        out, _ = jax.eval_shape(step, _specs(list(state)), elements)
     except HostValueNeeded:
         return False
     return _signature(out) == _signature(_specs(list(state)))
