@@ -112,6 +112,64 @@ def test_host_values_no_node_needs_on_the_host_are_computed_in_the_program():
     assert "table" not in segment.host_outputs and "mask" not in segment.host_outputs
 
 
+def test_a_scan_body_keeps_on_the_host_only_what_it_needs_there():
+    """A Scan body reads two outer values computed from x's shape: a table it adds (data:
+    computed in the program, as the layers pass's Scans read position tables) and a Reshape
+    target (needed on the host, in the body too)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["s_in", "table"], ["added"]),
+            helper.make_node("Reshape", ["added", "target"], ["s_out"]),
+            helper.make_node("Identity", ["x_t"], ["y_t"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("s_in", F, None),
+            helper.make_tensor_value_info("x_t", F, None),
+        ],
+        [
+            helper.make_tensor_value_info("s_out", F, None),
+            helper.make_tensor_value_info("y_t", F, None),
+        ],
+    )
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "step"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["positions_f"], to=F),
+        helper.make_node("Sin", ["positions_f"], ["table"]),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["minus_one", "n1"], ["target"], axis=0),
+        helper.make_node("Scan", ["s0", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1),
+        helper.make_node("Identity", ["s_final"], ["y"]),
+    ]
+    proto = make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", F, [4, "n"]),
+            helper.make_tensor_value_info("s0", F, [1, "n"]),
+        ],
+        [helper.make_tensor_value_info("y", F, None)],
+        [
+            const("one", 1),
+            const("zero", 0),
+            const("step", 1),
+            const("axes", [0]),
+            const("minus_one", [-1]),
+        ],
+    )
+    model = transmuter.load(proto, optimize=False)
+    assert {"target", "n1", "n"} <= model.plan.host_needed
+    assert {"table", "positions_f"} <= model.plan.stageable
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((4, 5)).astype(np.float32),
+        "s0": np.zeros((1, 5), np.float32),
+    }
+    want = 4 * np.sin(np.arange(5, dtype=np.float32))[None]
+    np.testing.assert_allclose(np.asarray(transmuter.compile(model, feeds)(feeds)["y"]), want, 1e-6)
+
+
 def sliced_model(n_slices=3, filler=24):
     """Grounding DINO's mask idiom: NonZero on the ids, then Slices whose bounds are read from
     its result (data-dependent, needed on the host), each between long device chains."""

@@ -46,9 +46,8 @@ class Plan:
         """The names of this graph whose values some node needs on the host, directly (an input
         an op declares host-needed, every input of a data-dependent op, of an op that may ask
         for host values or builds host values, of an op on strings in a graph that has strings,
-        of a node holding subgraphs, and the outer values its subgraphs read) or through the
-        nodes computing them; Shape and Size read only their input's shape. One backward pass
-        over the steps."""
+        and what a subgraph needs on the host from outside it) or through the nodes computing
+        them; Shape and Size read only their input's shape. One backward pass over the steps."""
         strings = _has_strings(self.graph)
         needed: set[str] = set()
         for step in reversed(self.steps):
@@ -62,14 +61,29 @@ class Plan:
                 or opdef.may_need_host
                 or (opdef.strings_on_host and strings)
                 or opdef.host_outputs
-                or subs
             ):
                 needed.update(n for n in node.inputs if n)
             else:
                 needed.update(node.inputs[i] for i in opdef.host_input_indices(node.inputs))
             for sub in subs:
-                needed.update(sub.outer_names)
+                # An op deciding on its subgraphs' results (If's branch, Loop's condition) may
+                # decide on any value they read, so all of them stay on the host.
+                decides = opdef.may_need_host is not None
+                needed.update(sub.outer_names if decides else self._needed_by(node, sub))
         return frozenset(needed)
+
+    def _needed_by(self, node: ir.Node, sub: ir.Graph) -> set[str]:
+        """What a Scan's body needs on the host from outside it: the outer values it reads that
+        its own plan needs there, and the node's inputs bound to such body inputs (counted from
+        the end: Scan-8 has sequence_lens first, needed here too)."""
+        inner = self.subplans[id(sub)].host_needed
+        needed = sub.outer_names & inner
+        first_bound = max(len(node.inputs) - len(sub.inputs), 0)
+        needed.update(n for n in node.inputs[:first_bound] if n)
+        for name, value in zip(node.inputs[first_bound:], sub.inputs):
+            if name and value.name in inner:
+                needed.add(name)
+        return needed
 
     @cached_property
     def stageable(self) -> frozenset[str]:

@@ -126,7 +126,7 @@ def find_splits(graph: ir.Graph) -> dict[str, int]:
     return splits
 
 
-def stacked_layers(graph: ir.Graph, node: ir.Node) -> dict[str, str]:
+def _stacked_layers(graph: ir.Graph, node: ir.Node) -> dict[str, str]:
     """For a Scan over weights stacked along their first axis (the `layers` graph pass's, or
     an exporter's): the name each body reads one layer's slice by -> the stacked initializer."""
     if node.op_type != "Scan" or node.domain != "" or "num_scan_inputs" not in node.attrs:
@@ -147,7 +147,7 @@ def stacked_layers(graph: ir.Graph, node: ir.Node) -> dict[str, str]:
 def _layer_splits(graph: ir.Graph, node: ir.Node) -> dict[str, int]:
     """The default rules inside a Scan body, one layer's slice standing for each stacked
     weight: the same column / row pairs as unrolled layers, one axis further."""
-    slices = stacked_layers(graph, node)
+    slices = _stacked_layers(graph, node)
     if not slices:
         return {}
     body = node.attrs["body"]
@@ -194,7 +194,7 @@ def weight_specs(
     patterns = _compiled_rules(rules, mesh)
     splits = find_splits(graph) if model_axis is not None else {}
     size = mesh.shape[model_axis] if model_axis is not None else 1
-    stacked = {w for node in graph.nodes for w in stacked_layers(graph, node).values()}
+    stacked = {w for node in graph.nodes for w in _stacked_layers(graph, node).values()}
     specs = {}
     for name in names:
         shape = np.shape(graph.initializers[name])

@@ -33,8 +33,8 @@ from transmuter.ir.passes.common import Context, Names, constants
 # weights of its own. Smaller blocks trace in no time; blocks without weights are chains of
 # cheap ops (and layers that share one set of weights, as ALBERT's, which stay unrolled). Below
 # 8 layers XLA:CPU's compile of the loop costs as much as the layers it saves, or more: 6
-# scanned layers of a Llama compiled in 0.77 s against 0.36 s unrolled, 22 of a BERT in 0.39 s
-# against 0.61 s (bench/README.md).
+# scanned layers of a Llama compiled in 0.52 s against 0.40 s unrolled, 22 of a BERT in 0.37 s
+# against 0.52-0.61 s (bench/README.md).
 MIN_NODES = 8
 MIN_LAYERS = 8
 # The longest period searched: the search compares the graph with itself shifted by each.
