@@ -23,6 +23,14 @@ from transmuter import dtypes
 DEFAULT_OPSET = 21
 
 
+def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    """A model of `nodes` over value infos `inputs` and `outputs`, importing ai.onnx `opset`."""
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
 def make_node_model(
     op_type: str,
     inputs: Mapping[str, Any],

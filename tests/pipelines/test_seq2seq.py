@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import REPOS, expected
+from fixtures.waveforms import waveforms
 
 import transmuter
 from transmuter.errors import InputError
@@ -59,17 +60,6 @@ def test_text2text_options_are_checked(t5):
         t5("Hello", max_new_tokens=0)
     with pytest.raises(InputError, match="a text or a non-empty list"):
         t5([])
-
-
-def waveforms() -> list[np.ndarray]:
-    """make_pipelines.py's seeded waveforms."""
-    rng = np.random.default_rng(7)
-    found = []
-    for seconds, tone in ((1.5, 440.0), (2.5, 300.0)):
-        t = np.arange(int(16000 * seconds)) / 16000
-        wave = 0.5 * np.sin(2 * np.pi * tone * t) + 0.1 * rng.standard_normal(t.shape)
-        found.append(wave.astype(np.float32))
-    return found
 
 
 @pytest.fixture(scope="module")

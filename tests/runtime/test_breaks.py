@@ -11,19 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from opcheck import ort_run
+from opcheck import make_model, ort_run
 
 import transmuter
 from transmuter import telemetry
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
 
 
 def chain(prefix, x, n, out):

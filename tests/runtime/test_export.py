@@ -14,19 +14,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from opcheck import ort_run
+from opcheck import make_model, ort_run
 
 import transmuter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
 
 
 def shape_arithmetic_model(rng) -> onnx.ModelProto:

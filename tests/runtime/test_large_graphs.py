@@ -7,19 +7,13 @@ import logging
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
+from opcheck import make_model
 
 import transmuter
 from transmuter import ir, telemetry
 from transmuter.runtime.segments import ReadsAfter
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
 
 
 def const(name, value, dtype=np.int64):
@@ -61,15 +55,22 @@ def test_reads_after_matches_the_names_read_from_each_position():
     assert reads[-1] == {"y"}
 
 
-def masked_model():
-    """y = x * mask + a table: the mask and the table are computed from constants and x's shape
-    (host values), the Reshape target too; only the target is needed on the host."""
-    nodes = [
+def position_table():
+    """table = sin(0 .. n - 1) for n = x.shape[1], and n: host values computed from x's shape."""
+    return [
         helper.make_node("Shape", ["x"], ["shape"]),
         helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
         helper.make_node("Range", ["zero", "n", "step"], ["positions"]),
         helper.make_node("Cast", ["positions"], ["positions_f"], to=F),
         helper.make_node("Sin", ["positions_f"], ["table"]),
+    ]
+
+
+def masked_model():
+    """y = x * mask + a table: the mask and the table are computed from constants and x's shape
+    (host values), the Reshape target too; only the target is needed on the host."""
+    nodes = [
+        *position_table(),
         helper.make_node("Less", ["positions", "limit"], ["keep"]),
         helper.make_node("Cast", ["keep"], ["mask"], to=F),
         helper.make_node("Mul", ["x", "mask"], ["masked"]),
@@ -133,11 +134,7 @@ def test_a_scan_body_keeps_on_the_host_only_what_it_needs_there():
         ],
     )
     nodes = [
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
-        helper.make_node("Range", ["zero", "n", "step"], ["positions"]),
-        helper.make_node("Cast", ["positions"], ["positions_f"], to=F),
-        helper.make_node("Sin", ["positions_f"], ["table"]),
+        *position_table(),
         helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
         helper.make_node("Concat", ["minus_one", "n1"], ["target"], axis=0),
         helper.make_node("Scan", ["s0", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1),
