@@ -7,6 +7,10 @@ Shape of all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads, intermediate 1536, vo
 positions), but random weights from a fixed seed: nothing is downloaded. Exported with the legacy
 TorchScript exporter at opset 17 with dynamic batch and sequence axes; inputs input_ids,
 attention_mask, token_type_ids; output last_hidden_state. Needs torch and transformers.
+
+Also writes the same weights as a state dict to bench/.cache/minilm_weights.npz (torch names,
+Linear weights [out, in]), which bench/bench_cases.py's hand-written JAX BERT reads. The seed
+makes both files from one model, so either can be rebuilt alone.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from pathlib import Path
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 PATH = CACHE / "minilm.onnx"
+WEIGHTS = CACHE / "minilm_weights.npz"
 INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 SEED = 0
 
 
-def build_and_export(path: Path) -> None:
-    import onnx
+def build():
     import torch
     import transformers
 
@@ -43,7 +47,21 @@ def build_and_export(path: Path) -> None:
         type_vocab_size=2,
         attn_implementation="eager",
     )
-    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+    return transformers.BertModel(config, add_pooling_layer=False).eval()
+
+
+def save_weights(bert, path: Path) -> None:
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **{name: t.detach().numpy() for name, t in bert.state_dict().items()})
+
+
+def export(bert, path: Path) -> None:
+    import onnx
+    import torch
+
+    config = bert.config
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self, inner):
@@ -89,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="rebuild even if the file exists")
     args = parser.parse_args(argv)
-    if PATH.exists() and not args.force:
-        print(f"{PATH} exists; skipping (use --force to rebuild)")
+    writers = ((PATH, export), (WEIGHTS, save_weights))
+    todo = [(path, write) for path, write in writers if args.force or not path.exists()]
+    if not todo:
+        print(f"{PATH} and {WEIGHTS} exist; skipping (use --force to rebuild)")
         return 0
-    build_and_export(PATH)
-    print(f"wrote {PATH} ({PATH.stat().st_size / 2**20:.1f} MiB)")
+    bert = build()
+    for path, write in todo:
+        write(bert, path)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return 0
 
 

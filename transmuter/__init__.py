@@ -98,8 +98,11 @@ def load(
     optimize: rewrite the graph before it is lowered (transmuter/ir/passes): True runs the
     default passes, False none, a list of pass names those (`transmuter.ir.passes.PASSES`). A
     trainable model keeps its float initializers as the file has them (its params); otherwise
-    the params are what the passes made: weight chains folded, and the weights of repeated
-    layers stacked along a new first axis (`<first layer's name>__layers`), read by one Scan.
+    the params are what the passes made: weight chains folded, convolution kernels stored
+    spatial axes first (`<kernel>__spatial_first`, read channels last), and the weights of
+    repeated layers stacked along a new first axis (`<first layer's name>__layers`), read by
+    one Scan. `[*transmuter.ir.passes.DEFAULT, "dequantize"]` also holds 4-bit MatMulNBits
+    weights as float32 (8x their memory, for float32 speed).
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(

@@ -243,7 +243,7 @@ def test_optimize_default_and_every_pass_agree():
     x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     _agree(proto, {"x": x}, list(passes.DEFAULT))
     every = _agree(proto, {"x": x}, list(passes.PASSES))
-    assert _ops(every) == ["Conv", "Relu"]
+    assert _ops(every) == ["Transpose", "Transpose", "NhwcConv", "Relu", "Transpose"]
     assert (
         transmuter.load(proto).ir.graph.nodes
         == transmuter.load(proto, optimize=list(passes.DEFAULT)).ir.graph.nodes
@@ -307,6 +307,132 @@ def test_attention_reorders_the_softmax(opset, masked):
         feeds["mask"] = mask
     optimized = _agree(proto, feeds, ["attention"])
     assert "Softmax" not in _ops(optimized) and "Div" in _ops(optimized)
+
+
+# ---- dequantize: MatMulNBits weights once, at load ---------------------------------------------
+
+
+def _nbits_model(bias: bool, opset: int = 17):
+    """x [batch, 5, 32] @ a 4-bit weight [32, 8] (blocks of 16, packed zero points), + bias."""
+    n, k, block = 8, 32, 16
+    q = RNG.integers(0, 16, (n, k))
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, k // block, block // 2)
+    zeros = RNG.integers(0, 16, (n, k // block))
+    inits = [
+        ("B", packed),
+        ("scales", RNG.uniform(0.01, 0.1, (n, k // block)).astype(np.float32)),
+        ("zp", (zeros[:, 0] | (zeros[:, 1] << 4)).astype(np.uint8).reshape(n, 1)),
+    ]
+    inputs = ["x", "B", "scales", "zp"]
+    if bias:
+        inits.append(("bias", RNG.standard_normal(n).astype(np.float32)))
+        inputs += ["", "bias"]
+    nodes = [
+        helper.make_node(
+            "MatMulNBits", inputs, ["m"], domain="com.microsoft", K=k, N=n, bits=4, block_size=block
+        ),
+        helper.make_node("Relu", ["m"], ["y"]),
+    ]
+    proto = _model(nodes, [("x", ["batch", 5, k])], ["y"], inits, opset)
+    proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return proto
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dequantize_makes_matmul_nbits_a_float_matmul(bias):
+    x = RNG.standard_normal((2, 5, 32)).astype(np.float32)
+    optimized = _agree(_nbits_model(bias), {"x": x}, ["dequantize", "dce"])
+    ops = _ops(optimized)
+    assert "MatMulNBits" not in ops and ops.count("MatMul") == 1 and ops.count("Add") == bias
+    (weight,) = [a for a in optimized.ir.graph.initializers.values() if a.shape == (32, 8)]
+    assert weight.dtype == np.float32
+
+
+def test_dequantize_leaves_trainable_models_and_old_opsets():
+    for model in (
+        transmuter.load(_nbits_model(True), optimize=["dequantize"], trainable=True),
+        transmuter.load(_nbits_model(True, opset=13), optimize=["dequantize"]),  # no CastLike
+    ):
+        assert "MatMulNBits" in _ops(model)
+
+
+# ---- layout: convolution chains channels last ------------------------------------------------
+
+
+def _chain_model():
+    """A CNN's shapes in small: convolutions (dense, depthwise, 1x1 strided) with the ops
+    between them that may run channels last, and ops that may not (MaxPool, Flatten)."""
+    c = 4
+    inits = [
+        ("w1", _weights(c, 3, 3, 3)),
+        ("b1", RNG.standard_normal(c).astype(np.float32)),
+        ("wd", _weights(c, 1, 3, 3)),
+        ("w2", _weights(2 * c, c, 1, 1)),
+        ("w3", _weights(2 * c, c, 3, 3)),
+        ("k", RNG.uniform(0.5, 2, (2 * c, 1, 1)).astype(np.float32)),
+        ("lo", np.array(0, np.float32)),
+        ("hi", np.array(6, np.float32)),
+        ("fc", _weights(10, 4 * c)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "wd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["d", "lo", "hi"], ["d6"]),
+        helper.make_node("Add", ["d6", "r1"], ["res"]),  # two channels-last values
+        helper.make_node("Conv", ["res", "w2"], ["p"]),
+        helper.make_node("Mul", ["p", "k"], ["pk"]),  # a per-channel constant
+        helper.make_node("Conv", ["res", "w3"], ["q"], auto_pad="SAME_UPPER"),
+        helper.make_node("Concat", ["pk", "q"], ["cat"], axis=1),
+        helper.make_node("Sigmoid", ["cat"], ["s"]),
+        helper.make_node("MaxPool", ["s"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["m"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+    ]
+    return _model(nodes, [("x", ["batch", 3, 16, 16])], ["y", "res"], inits)
+
+
+def test_layout_runs_a_convolution_chain_channels_last():
+    proto = _chain_model()
+    x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["layout", "dce"], rtol=1e-4, atol=1e-5)
+    ops = _ops(optimized)
+    assert "Conv" not in ops and ops.count("NhwcConv") == 4
+    moved = [n for n in optimized.ir.graph.nodes if n.op_type == "Transpose"]
+    activations = [n for n in moved if n.inputs[0] not in optimized.ir.graph.initializers]
+    # One into the chain; out of it, to MaxPool and to the graph output `res`.
+    assert [n.attrs["perm"] for n in activations] == [(0, 2, 3, 1), (0, 3, 1, 2), (0, 3, 1, 2)]
+    gemm = next(n for n in optimized.ir.graph.nodes if n.op_type == "Gemm")
+    assert gemm.attrs["transB"] == 0
+    assert optimized.ir.opsets["com.microsoft"] == 1
+
+
+def test_layout_runs_a_1d_convolution_channels_last():
+    proto = _model(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1]),
+            helper.make_node("Erf", ["c"], ["e"]),
+            helper.make_node("Conv", ["e", "w2"], ["y"], strides=[2]),
+        ],
+        [("x", ["batch", 4, 15])],
+        ["y"],
+        [("w1", _weights(6, 4, 3)), ("w2", _weights(5, 6, 1))],
+    )
+    x = RNG.standard_normal((3, 4, 15)).astype(np.float32)
+    optimized = _agree(proto, {"x": x}, ["layout", "dce"])
+    assert _ops(optimized).count("NhwcConv") == 2
+
+
+def test_layout_leaves_trainable_and_non_constant_kernels():
+    proto = _chain_model()
+    assert "NhwcConv" not in _ops(transmuter.load(proto, optimize=["layout"], trainable=True))
+    proto = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        [("x", [1, 2, 5, 5]), ("w", [3, 2, 1, 1])],
+        ["y"],
+    )
+    assert _ops(transmuter.load(proto, optimize=["layout"])) == ["Conv"]
 
 
 # ---- layers: repeated blocks as one Scan -----------------------------------------------------

@@ -277,6 +277,12 @@ def test_fused_conv_bad_activation(rng, attrs, match):
         ((1, 8, 8, 4), (8, 3, 3, 2), {"group": 2, "auto_pad": "SAME_LOWER"}),
         ((1, 8, 8, 4), (4, 3, 3, 1), {"group": 4, "dilations": [2, 2]}),
         ((2, 9, 3), (5, 3, 3), {"strides": [2]}),
+        ((1, 6, 6, 3), (6, 3, 3, 1), {"group": 3, "pads": [1, 1, 1, 1]}),  # depthwise, x2
+        # 1x1 kernels run as matrix products: strided, under auto_pad, and padded (a conv).
+        ((1, 7, 7, 4), (6, 1, 1, 4), {"strides": [2, 2]}),
+        ((2, 5, 5, 4), (6, 1, 1, 4), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ((1, 5, 5, 4), (6, 1, 1, 4), {"pads": [1, 0, 0, 1]}),
+        ((2, 9, 3), (5, 1, 3), {}),
     ],
 )
 @pytest.mark.parametrize("with_bias", [False, True])

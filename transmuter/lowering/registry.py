@@ -51,6 +51,10 @@ class OpDef:
     symbolic shapes): True when its own function moves them with numpy (Gather, Concat), a
     function when that function computes on them in its place (Add on dims); otherwise they
     reach it as int64 device values.
+    weight: for a matmul whose weight input is stored quantized (MatMulNBits), a function of
+    that node's inputs other than the activation, and of its attributes, giving the float32
+    weight [K, N] the activation is multiplied by: what a graph pass needs to dequantize a
+    constant weight once at load.
     """
 
     domain: str
@@ -67,6 +71,7 @@ class OpDef:
     strings_on_host: bool = False
     reads_shape: bool = False
     symbolic: bool | Callable = False
+    weight: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +113,7 @@ def op(
     strings_on_host: bool = False,
     reads_shape: bool = False,
     symbolic: bool | Callable = False,
+    weight: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of `op_type` for each since-version in `since`.
 
@@ -142,6 +148,7 @@ def op(
                 strings_on_host,
                 reads_shape,
                 symbolic,
+                weight,
             )
         return fn
 

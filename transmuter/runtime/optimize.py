@@ -35,6 +35,7 @@ def context(model: ir.Model, *, trainable: bool = False) -> passes.Context:
         random=lambda node: _opdef(node, opsets) is None or _opdef(node, opsets).random,
         device_bound=_device_bound,
         traces=lambda node, traced: _traces(node, traced, opsets),
+        weight=lambda node, values: _weight(node, values, opsets),
     )
 
 
@@ -51,6 +52,23 @@ def _traces(node: ir.Node, traced: frozenset[int], opsets) -> bool | None:
     if traced & set(opdef.host_input_indices(node.inputs)):
         return None
     return not opdef.reads_shape  # Shape and Size read shapes, which tracing knows
+
+
+def _weight(node: ir.Node, values: dict[str, np.ndarray], opsets) -> np.ndarray | None:
+    """The float32 weight the registry's `weight` computes from `node`'s constant inputs (all
+    but the activation), or None (no such fact, an input missing, or a failure: the node then
+    stays as it is and reports its own error when it runs)."""
+    opdef = _opdef(node, opsets)
+    if opdef is None or opdef.weight is None:
+        return None
+    if any(name and name not in values for name in node.inputs[1:]):
+        return None
+    args = [values[name] if name else None for name in node.inputs[1:]]
+    try:
+        with x64_scope():
+            return np.asarray(opdef.weight(*args, **node.attrs), np.float32)
+    except Exception:  # noqa: BLE001 - as `evaluate`: the node keeps its own error
+        return None
 
 
 def _device_bound(array: np.ndarray) -> bool:

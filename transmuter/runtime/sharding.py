@@ -68,11 +68,23 @@ class Linear:
 
 def linears(graph: ir.Graph) -> list[Linear]:
     """The main graph's nodes whose second input is a weight (an initializer) they contract
-    with an activation: MatMul and Gemm on 2-D weights, Conv without groups, MatMulNBits."""
+    with an activation: MatMul and Gemm on 2-D weights, Conv without groups, MatMulNBits, and
+    NhwcConv without groups, its weight also behind a Transpose (the layout pass's)."""
     weights = graph.initializers
+    transposed = {
+        node.outputs[0]: node
+        for node in graph.nodes
+        if node.op_type == "Transpose" and node.domain == "" and node.inputs[0] in weights
+    }
     found = []
     for node in graph.nodes:
-        if len(node.inputs) < 2 or node.inputs[0] in weights or node.inputs[1] not in weights:
+        if len(node.inputs) < 2 or node.inputs[0] in weights:
+            continue
+        if node.op_type == "NhwcConv" and node.domain == "com.microsoft":
+            if node.attrs.get("group", 1) == 1:
+                found.extend(_nhwc_conv(node, weights, transposed))
+            continue
+        if node.inputs[1] not in weights:
             continue
         weight, rank = node.inputs[1], np.ndim(weights[node.inputs[1]])
         if node.op_type == "MatMul" and node.domain == "" and rank == 2:
@@ -87,6 +99,22 @@ def linears(graph: ir.Graph) -> list[Linear]:
         elif node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and rank == 3:
             found.append(Linear(node, weight, column=0, row=1))  # B: [N, K blocks, bytes]
     return found
+
+
+def _nhwc_conv(node: ir.Node, weights, transposed: dict[str, ir.Node]) -> list[Linear]:
+    """NhwcConv's W (M, k1, ..., C): outputs split along M, the contraction along C; through a
+    Transpose, the stored weight's axes those come from."""
+    if node.inputs[1] in weights:
+        rank = np.ndim(weights[node.inputs[1]])
+        return [Linear(node, node.inputs[1], column=0, row=rank - 1)]
+    source = transposed.get(node.inputs[1])
+    if source is None:
+        return []
+    perm = source.attrs.get("perm")
+    rank = np.ndim(weights[source.inputs[0]])
+    if perm is None or len(perm) != rank:
+        return []
+    return [Linear(node, source.inputs[0], column=int(perm[0]), row=int(perm[-1]))]
 
 
 def find_splits(graph: ir.Graph) -> dict[str, int]:

@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from transmuter.ir.graph import Model
-from transmuter.ir.passes import attention, conv_fold, cse, dce, fold, layers, qkv
+from transmuter.ir.passes import (
+    attention,
+    conv_fold,
+    cse,
+    dce,
+    dequantize,
+    fold,
+    layers,
+    layout,
+    qkv,
+)
 from transmuter.ir.passes.common import Context
 
 __all__ = ["DEFAULT", "PASSES", "Context", "Pass", "optimize"]
@@ -27,14 +37,16 @@ Pass = Callable[[Model, Context], Model]
 PASSES: dict[str, Pass] = {
     "fold": fold.run,
     "cse": cse.run,
+    "dequantize": dequantize.run,
     "conv_fold": conv_fold.run,
+    "layout": layout.run,
     "qkv": qkv.run,
     "attention": attention.run,
     "layers": layers.run,
     "dce": dce.run,
 }
 # The passes `optimize=True` runs: those the benchmark shows pay (bench/README.md).
-DEFAULT: tuple[str, ...] = ("fold", "cse", "layers", "dce")
+DEFAULT: tuple[str, ...] = ("fold", "cse", "layout", "layers", "dce")
 
 
 def optimize(model: Model, names: Iterable[str] | None, context: Context) -> Model:

@@ -35,6 +35,9 @@ class Context:
     traces: `(node, positions of its inputs that are traced) -> whether its outputs are traced`,
     or None where the node would need one of those inputs on the host (a Reshape's target
     computed from traced data): the registry's facts. Without them, no traced input is allowed.
+    weight: `(node, {input name: numpy array}) -> float32 [K, N] | None`, the weight a matmul
+    whose weight is stored quantized (MatMulNBits) multiplies its activation by, computed from
+    those constant inputs (the registry's `weight`); None for any other node.
     """
 
     opsets: Mapping[str, int] = field(default_factory=dict)
@@ -45,6 +48,7 @@ class Context:
     traces: Callable[[Node, frozenset[int]], bool | None] = lambda node, traced: (
         None if traced else False
     )
+    weight: Callable[[Node, dict[str, np.ndarray]], np.ndarray | None] = lambda node, values: None
 
     def opset(self, domain: str = "") -> int:
         return int(self.opsets.get(domain, 0))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import op, variant
-from transmuter.lowering.ops.conv import conv
+from transmuter.lowering.ops.conv import conv, convolve
 from transmuter.lowering.ops.elementwise import (
     gelu,
     hard_sigmoid,
@@ -233,26 +233,11 @@ def nhwc_conv(
     strides=None,
 ):
     """com.microsoft NhwcConv-1: Conv with channels last: X (N, D1.., C), W (M, k1.., C/group),
-    Y (N, D1'.., M)."""
-    if X.ndim < 3 or W.ndim != X.ndim:
-        raise ShapeError(
-            f"NhwcConv: X must be (N, D1, ..., C) and W (M, k1, ..., C/group) of the same rank, "
-            f"got {list(X.shape)} and {list(W.shape)}"
-        )
-    # ORT's transformer fusion makes W by transposing Conv's OIHW weight with perm (0, 2, 3, 1).
-    to_first = (0, X.ndim - 1, *range(1, X.ndim - 1))
-    y = conv(
-        jnp.transpose(X, to_first),
-        jnp.transpose(W, to_first),
-        B,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        group=group,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
+    Y (N, D1'.., M). (ORT's transformer fusion makes W by transposing Conv's OIHW weight with
+    perm (0, 2, 3, 1).)"""
+    return convolve(
+        "NhwcConv", X, W, B, True, auto_pad, dilations, group, kernel_shape, pads, strides
     )
-    return jnp.transpose(y, (0, *range(2, X.ndim), 1))
 
 
 # --------------------------------------------------------------------------------- linalg

@@ -72,9 +72,21 @@ def _nbits_zero_points(zero_points, n: int, blocks: int, bits: int):
     return unpacked[:, :blocks].astype(_F32)
 
 
-@op("MatMulNBits", since=1, domain="com.microsoft")
-def matmul_nbits(
-    A,
+def _check_nbits(bits: int, block_size: int, weight_prepacked: int) -> None:
+    if bits not in _PACKED_BITS:
+        raise ValueError(
+            f"MatMulNBits: bits={bits} is not supported; the packing is defined for "
+            f"{_PACKED_BITS} (ONNX Runtime's CPU kernel runs the same set)"
+        )
+    _check_block_size("MatMulNBits", block_size)
+    if weight_prepacked:
+        raise ValueError(
+            "MatMulNBits: weight_prepacked=1 (an execution provider's private layout) is not "
+            "supported; export with weight_prepacked=0"
+        )
+
+
+def _nbits_weight(
     B,
     scales,
     zero_points=None,
@@ -88,34 +100,12 @@ def matmul_nbits(
     block_size,
     weight_prepacked=0,
 ):
-    """com.microsoft MatMulNBits-1: A @ dequantize(B)ᵀ (+ bias), B block-quantized along K.
-
-    accuracy_level is accepted and ignored: A is never quantized, so every level computes what
-    level 0 does (float32 products of the dequantized weights). ONNX Runtime's levels 1-4 may
-    quantize A (level 4 to int8 per block), which moves its results by up to a few 1e-2.
-    """
-    if bits not in _PACKED_BITS:
-        raise ValueError(
-            f"MatMulNBits: bits={bits} is not supported; the packing is defined for "
-            f"{_PACKED_BITS} (ONNX Runtime's CPU kernel runs the same set)"
-        )
-    _check_block_size("MatMulNBits", block_size)
-    if weight_prepacked:
-        raise ValueError(
-            "MatMulNBits: weight_prepacked=1 (an execution provider's private layout) is not "
-            "supported; export with weight_prepacked=0"
-        )
-    A, B = jnp.asarray(A), jnp.asarray(B)
-    if A.ndim < 1 or A.shape[-1] != K:
-        raise ShapeError(f"MatMulNBits: A's last dim must be K={K}, got shape {list(A.shape)}")
-    out_dtype = A.dtype
+    """MatMulNBits' weight dequantized, float32 [K, N] (the registration's `weight`; bias and
+    accuracy_level do not enter it)."""
+    _check_nbits(bits, block_size, weight_prepacked)
+    B = jnp.asarray(B)
     blocks = -(-K // block_size)
     blob = block_size * bits // 8
-    y_shape = A.shape[:-1] + (N,)
-    if B.size == 0:
-        # An omitted projection (the spec's empty B): zeros, or the broadcast bias.
-        y = jnp.zeros(y_shape, _F32)
-        return (y if bias is None else y + jnp.asarray(bias).astype(_F32)).astype(out_dtype)
     if B.dtype != np.uint8 or tuple(B.shape) != (N, blocks, blob):
         raise ShapeError(
             f"MatMulNBits: B must be uint8 [N, ceil(K / block_size), block_size * bits / 8] = "
@@ -141,13 +131,49 @@ def matmul_nbits(
             zero = zero[:, block_of_k]
         q = q.reshape(N, blocks * block_size)[:, :K]
         w = (q - zero) * scale[:, block_of_k]
-    y = jnp.matmul(A.astype(_F32), w.T)
+    return w.T
+
+
+@op("MatMulNBits", since=1, domain="com.microsoft", weight=_nbits_weight)
+def matmul_nbits(
+    A,
+    B,
+    scales,
+    zero_points=None,
+    g_idx=None,
+    bias=None,
+    *,
+    K,
+    N,
+    accuracy_level=0,
+    bits=4,
+    block_size,
+    weight_prepacked=0,
+):
+    """com.microsoft MatMulNBits-1: A @ dequantize(B)ᵀ (+ bias), B block-quantized along K.
+
+    accuracy_level is accepted and ignored: A is never quantized, so every level computes what
+    level 0 does (float32 products of the dequantized weights). ONNX Runtime's levels 1-4 may
+    quantize A (level 4 to int8 per block), which moves its results by up to a few 1e-2.
+    """
+    _check_nbits(bits, block_size, weight_prepacked)
+    A = jnp.asarray(A)
+    if A.ndim < 1 or A.shape[-1] != K:
+        raise ShapeError(f"MatMulNBits: A's last dim must be K={K}, got shape {list(A.shape)}")
+    if jnp.size(B) == 0:
+        # An omitted projection (the spec's empty B): zeros, or the broadcast bias.
+        y = jnp.zeros(A.shape[:-1] + (N,), _F32)
+    else:
+        weight = _nbits_weight(
+            B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size
+        )
+        y = jnp.matmul(A.astype(_F32), weight)
     if bias is not None:
         bias = jnp.asarray(bias)
         if bias.shape != (N,):
             raise ShapeError(f"MatMulNBits: bias must have shape [{N}], got {list(bias.shape)}")
         y = y + bias.astype(_F32)
-    return y.astype(out_dtype)
+    return y.astype(A.dtype)
 
 
 def _gather_params(value, indices, axis: int, data_dim: int):

@@ -1,0 +1,201 @@
+"""Chains of convolutions run channels last, transposing only at the chain's ends.
+
+XLA:CPU computes a convolution channels last (NHWC activations, HWIO kernels). Handed ONNX's
+NCHW and OIHW, it transposes around each Conv, and it transposes every kernel on every call: the
+kernels are arguments of the compiled program, so XLA cannot fold that. This pass rewrites each
+Conv whose kernel is a constant into com.microsoft NhwcConv (X (N, D1, ..., C), W (M, k1, ...,
+C/group)) on a channels-last twin of its input. The kernel is stored once in the order XLA reads
+it, (k1, ..., C/group, M), behind a Transpose to NhwcConv's order that XLA folds into the
+convolution. Ops that do not care about the layout then run on the twins too: elementwise ops
+whose other operands are twins or constants (transposed once here), and Concat. A value is
+transposed back to channels first only where something else reads it (a pool, a Reshape, a
+graph output), so between two convolutions of a chain no transpose is left.
+
+For the same reason a Gemm's constant B with transB=1 (a torch Linear's [out, in] weight) is
+stored transposed once, with transB=0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from transmuter import dtypes
+from transmuter.ir.graph import Model, Node, subgraphs
+from transmuter.ir.passes.common import Context, Names, known_values
+
+MS = "com.microsoft"
+
+# Ops applied element by element to their first input, the others (if any) scalars.
+UNARY = frozenset(
+    {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+     "Celu", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Erf", "Exp", "Log",
+     "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Identity", "Cast", "Clip"}
+)  # fmt: skip
+# Broadcasting elementwise ops: each operand a twin or a constant of no higher rank.
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu"})
+
+
+def to_last(rank: int) -> tuple[int, ...]:
+    """The permutation (N, C, D1, ...) -> (N, D1, ..., C)."""
+    return (0, *range(2, rank), 1)
+
+
+def to_first(rank: int) -> tuple[int, ...]:
+    """The permutation (N, D1, ..., C) -> (N, C, D1, ...)."""
+    return (0, rank - 1, *range(1, rank - 1))
+
+
+def run(model: Model, context: Context) -> Model:
+    if not context.weights:
+        return model
+    rewrite = _Rewrite(model, context)
+    if not rewrite.changed:
+        return model
+    opsets = dict(model.opsets)
+    opsets.setdefault(MS, 1)
+    graph = dataclasses.replace(model.graph, nodes=rewrite.nodes, initializers=rewrite.initializers)
+    return dataclasses.replace(model, graph=graph, opsets=opsets)
+
+
+class _Rewrite:
+    """One walk over the graph in order, emitting each node as it is or on twins."""
+
+    def __init__(self, model: Model, context: Context):
+        graph = model.graph
+        self.known = known_values(graph, context)
+        self.names = Names(graph)
+        self.initializers = dict(graph.initializers)
+        self.nodes: list[Node] = []
+        self.twins: dict[str, tuple[str, int]] = {}  # value -> (channels-last twin, rank)
+        self.present = {v.name for v in graph.inputs} | set(graph.initializers)
+        self.kernels: dict[str, str] = {}  # kernel -> its NhwcConv-ordered value
+        self.constants: dict[tuple[str, int], str] = {}  # (constant, rank) -> channels-last copy
+        self.changed = False
+        for node in graph.nodes:
+            if not self._conv(node) and not self._on_twins(node):
+                self._as_is(self._gemm(node))
+        for value in graph.outputs:
+            self._first(value.name)
+
+    def _emit(self, node: Node) -> None:
+        self.nodes.append(node)
+        self.present.update(o for o in node.outputs if o)
+
+    def _as_is(self, node: Node) -> None:
+        for name in (*node.inputs, *(n for g in subgraphs(node) for n in g.outer_names)):
+            self._first(name)
+        self._emit(node)
+
+    def _first(self, name: str) -> None:
+        """Make `name` exist channels first: a Transpose of its twin, where it has only that."""
+        if name in self.present or name not in self.twins:
+            return
+        twin, rank = self.twins[name]
+        perm = to_first(rank)
+        self._emit(Node("Transpose", "", (twin,), (name,), {"perm": perm}, f"{name}__to_first"))
+
+    def _last(self, name: str, rank: int) -> str:
+        """`name`'s channels-last twin, made by a Transpose where it has none yet."""
+        if name not in self.twins:
+            twin = self.names.fresh(name, "last")
+            perm = to_last(rank)
+            self._emit(Node("Transpose", "", (name,), (twin,), {"perm": perm}, twin))
+            self.twins[name] = (twin, rank)
+        return self.twins[name][0]
+
+    def _conv(self, node: Node) -> bool:
+        if node.op_type != "Conv" or node.domain != "" or len(node.inputs) < 2:
+            return False
+        weight = self.known.get(node.inputs[1])
+        if weight is None or weight.ndim < 3 or not dtypes.is_float(weight.dtype):
+            return False
+        if node.inputs[0] in self.known:
+            return False
+        rank = weight.ndim
+        x = self._last(node.inputs[0], rank)
+        y = self.names.fresh(node.outputs[0], "last")
+        inputs = (x, self._kernel(node.inputs[1], weight), *node.inputs[2:])
+        self._emit(Node("NhwcConv", MS, inputs, (y,), dict(node.attrs), node.name))
+        self.twins[node.outputs[0]] = (y, rank)
+        self.changed = True
+        return True
+
+    def _gemm(self, node: Node) -> Node:
+        """`node`, or the Gemm it is with a transposed B stored as it will be read."""
+        if node.op_type != "Gemm" or node.domain != "" or not node.attrs.get("transB", 0):
+            return node
+        weight = self.known.get(node.inputs[1])
+        if weight is None or weight.ndim != 2:
+            return node
+        stored = self.names.fresh(node.inputs[1], "transposed")
+        self.initializers[stored] = np.ascontiguousarray(weight.T)
+        self.present.add(stored)
+        self.changed = True
+        inputs = (node.inputs[0], stored, *node.inputs[2:])
+        return dataclasses.replace(node, inputs=inputs, attrs={**node.attrs, "transB": 0})
+
+    def _kernel(self, name: str, weight: np.ndarray) -> str:
+        """The kernel (M, C/group, k1, ...) as NhwcConv's (M, k1, ..., C/group), from a copy
+        stored as (k1, ..., C/group, M)."""
+        if name not in self.kernels:
+            rank = weight.ndim
+            stored = self.names.fresh(name, "spatial_first")
+            self.initializers[stored] = np.ascontiguousarray(
+                weight.transpose(*range(2, rank), 1, 0)
+            )
+            self.present.add(stored)
+            ordered = self.names.fresh(name, "channels_last")
+            perm = (rank - 1, *range(rank - 2), rank - 2)
+            self._emit(Node("Transpose", "", (stored,), (ordered,), {"perm": perm}, ordered))
+            self.kernels[name] = ordered
+        return self.kernels[name]
+
+    def _on_twins(self, node: Node) -> bool:
+        """Emit `node` on its inputs' twins, where its layout does not matter."""
+        if node.domain != "" or len(node.outputs) != 1 or not node.inputs:
+            return False
+        if node.inputs[0] not in self.twins:
+            if node.op_type not in BROADCASTING and node.op_type != "Concat":
+                return False
+        twinned = [self.twins[n] for n in node.inputs if n in self.twins]
+        if not twinned or len({rank for _, rank in twinned}) != 1:
+            return False
+        rank = twinned[0][1]
+        attrs = dict(node.attrs)
+        if node.op_type in UNARY and node.inputs[0] in self.twins:
+            if any(n in self.twins for n in node.inputs[1:]):
+                return False
+            inputs = (self.twins[node.inputs[0]][0], *node.inputs[1:])
+        elif node.op_type in BROADCASTING:
+            inputs = tuple(self._operand(n, rank) for n in node.inputs)
+            if None in inputs:
+                return False
+        elif node.op_type == "Concat" and all(n in self.twins for n in node.inputs):
+            axis = int(attrs.get("axis", 0))
+            attrs["axis"] = to_last(rank).index(axis % rank)
+            inputs = tuple(self.twins[n][0] for n in node.inputs)
+        else:
+            return False
+        twin = self.names.fresh(node.outputs[0], "last")
+        self._emit(dataclasses.replace(node, inputs=inputs, outputs=(twin,), attrs=attrs))
+        self.twins[node.outputs[0]] = (twin, rank)
+        return True
+
+    def _operand(self, name: str, rank: int) -> str | None:
+        """A broadcasting operand channels last: its twin, or a constant transposed once."""
+        if name in self.twins:
+            return self.twins[name][0]
+        value = self.known.get(name)
+        if value is None or value.ndim > rank:
+            return None
+        if value.ndim == 0:
+            return name
+        if (name, rank) not in self.constants:
+            stored = self.names.fresh(name, "last")
+            expanded = value.reshape((1,) * (rank - value.ndim) + value.shape)
+            self.initializers[stored] = np.ascontiguousarray(expanded.transpose(to_last(rank)))
+            self.present.add(stored)
+            self.constants[name, rank] = stored
+        return self.constants[name, rank]
