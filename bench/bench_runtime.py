@@ -25,6 +25,7 @@ import numpy as np
 import transmuter
 from transmuter import telemetry
 from transmuter.runtime import x64_scope
+from transmuter.runtime.xla_options import compiler_options
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "models"
@@ -60,7 +61,10 @@ def call_overhead(name: str, repeat: int) -> dict:
     other = fixture_inputs(name, 1)
     compiled(other)  # a second signature: its calls go through the segment cache
 
-    jitted = jax.jit(lambda params, x: transmuter.run(model, x, params=params))
+    jitted = jax.jit(
+        lambda params, x: transmuter.run(model, x, params=params),
+        compiler_options=compiler_options(model.params),  # the runtime's own
+    )
     with x64_scope():
         jitted(model.params, inputs)
 

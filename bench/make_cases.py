@@ -7,7 +7,7 @@
 Cases: resnet50, mobilenet (MobileNetV2), yolo (YOLOv5s-style at 320 px, decoded detections),
 vit_small (transformers ViTModel, 384 wide), audio1d (wav2vec2-style conv feature encoder with a
 keyword head) and gpt2_step (a hand-written GPT-2-small decode step with past key/values as
-explicit inputs and outputs, ~500 MB). Weights come from a fixed seed: nothing is downloaded.
+explicit inputs and outputs, ~620 MB). Weights come from a fixed seed: nothing is downloaded.
 Exported with the legacy TorchScript exporter at opset 17 with a dynamic "batch" axis on every
 input and output (gpt2_step adds sequence, past_sequence and total_sequence). Needs torch and
 transformers; architectures are plain torch.nn, so no timm or torchvision.

@@ -42,8 +42,10 @@ def use_persistent_cache(path: str | os.PathLike) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def compile_lowered(lowered, lower_again: Callable[[], Any]) -> tuple[Any, str | None]:
-    """`lowered.compile()`, and where it came from: "hit" (read from the persistent cache),
+def compile_lowered(
+    lowered, lower_again: Callable[[], Any], options: dict[str, str]
+) -> tuple[Any, str | None]:
+    """`lowered.compile(options)`, and where it came from: "hit" (read from the persistent cache),
     "miss" (compiled and written), "repaired" (a damaged entry removed and written again, from
     `lower_again()`), or None when the persistent cache is off."""
     global _listening
@@ -53,7 +55,7 @@ def compile_lowered(lowered, lower_again: Callable[[], Any]) -> tuple[Any, str |
     hits = _events[_HITS]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=options or None)
     damaged = [w for w in caught if str(w.message).startswith(_DAMAGED)]
     for w in caught:
         if w not in damaged:
@@ -65,7 +67,7 @@ def compile_lowered(lowered, lower_again: Callable[[], Any]) -> tuple[Any, str |
             # The entry is gone, so a compile writes it, once JAX's in-memory caches no longer
             # hand back the executable of the first compile.
             jax.clear_caches()
-            lower_again().compile()
+            lower_again().compile(compiler_options=options or None)
             warnings.warn(
                 f"removed {removed} damaged entries from the compile cache {folder!r}; each is "
                 "written again when its program next compiles (this one already is)",

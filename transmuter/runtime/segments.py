@@ -32,6 +32,7 @@ from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
 from transmuter.runtime.execute import on_device, to_device
 from transmuter.runtime.interpreter import Interpreter, Plan, is_host, to_host
+from transmuter.runtime.xla_options import compiler_options
 
 # Host results of a break node up to this many elements stay host values (shape-like values
 # that later nodes may need on the host); larger ones become device values.
@@ -260,7 +261,8 @@ class SegmentRunner:
             eager = eager and not self.checks  # op by op, nothing would check the indices
             disk = None
             if not eager:
-                compiled, disk = compile_lowered(lowered, traced.lower)
+                options = compiler_options(device_args)
+                compiled, disk = compile_lowered(lowered, traced.lower, options)
                 if disk == "hit":
                     compiled = guarded(compiled, jax.config.jax_compilation_cache_dir)
             span.stop_metadata.update(
