@@ -11,10 +11,11 @@ inputs, and the MiniLM-sized BERT from bench/make_minilm.py at batch 1 and batch
   session creation (default graph optimizations) + one run, each until the outputs are on the host;
 - steady state: a few warm-up runs of each, then blocks of runs alternating between the engines
   (Transmuter x BLOCK, ORT x BLOCK, ...), so both see the same machine state, each block opening
-  with an untimed run; the median of each, and their ratio (< 1: Transmuter faster). Blocks, not
+  after SETTLE_S idle with an untimed run; the median of each, and their ratio (< 1: Transmuter faster). Blocks, not
   single alternating runs: ORT's worker threads spin for a while after a run returns (its default
   allow_spinning), and a run started right after one pays for that (MiniLM batch 1 measured
-  17.5 ms alternating vs 11.9 ms in blocks, ORT unchanged at 10.3 ms);
+  17.5 ms alternating vs 11.9 ms in blocks, ORT unchanged at 10.3 ms), and the idle time lets
+  those threads stop before the next block;
 - max |Transmuter - ORT| over all outputs, as a sanity check that both computed the same thing.
 
 Both engines use os.cpu_count() threads. Every timed Transmuter call ends with its outputs
@@ -56,6 +57,10 @@ MINILM_BATCHES = (1, 32)
 THREADS = os.cpu_count() or 1
 WARMUP = 3
 BLOCK = 5  # timed runs of one engine before switching to the other
+# Idle time at each switch: ORT's worker threads spin for a while after a run (its default
+# allow_spinning) and hold a core the next engine needs; an untimed run alone did not absorb it
+# (MobileNet measured 10.6 ms right after ORT's block, 6.8 ms alone).
+SETTLE_S = 0.05
 MIN_REPEAT, MAX_REPEAT = 10, 200
 ROW_BUDGET_S = 3.0  # steady-state time per workload when --repeat is not given
 OPTIMIZE: bool | list[str] = True  # transmuter.load's optimize= (--passes)
@@ -222,7 +227,8 @@ def bench(work: Workload, repeat: int | None) -> Result:
         for start in range(0, repeat, BLOCK):
             runs = min(BLOCK, repeat - start)
             for timings, run in ((result.transmuter_ms, run_ours), (result.ort_ms, run_theirs)):
-                run()  # absorbs the other engine's lingering threads
+                time.sleep(SETTLE_S)  # the other engine's threads stop spinning
+                run()
                 timings.extend(run() for _ in range(runs))
     finally:
         if gc_was_enabled:
