@@ -15,7 +15,7 @@ D, HIDDEN = 8, 16
 
 
 def layered_model(
-    layers: int = 10,
+    layers: int = 18,
     *,
     shared: bool = False,
     every_output: bool = False,

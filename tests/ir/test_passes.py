@@ -444,7 +444,7 @@ def _scans(model):
     return [n for n in model.ir.graph.nodes if n.op_type == "Scan"]
 
 
-@pytest.mark.parametrize("layers", [10, 13])
+@pytest.mark.parametrize("layers", [18, 21])
 def test_layers_scan_repeated_blocks(layers):
     proto, shapes = layered_model(layers)
     optimized = _agree(proto, layered_inputs(shapes), LAYERS)
@@ -464,7 +464,7 @@ def test_layers_scan_repeated_blocks(layers):
 
 
 def test_layers_with_every_hidden_state_read_after():
-    proto, shapes = layered_model(10, every_output=True)
+    proto, shapes = layered_model(18, every_output=True)
     optimized = _agree(proto, layered_inputs(shapes), LAYERS)
     (scan,) = _scans(optimized)
     assert len(scan.outputs) == 2  # the final state and the stacked per-layer states
@@ -476,7 +476,7 @@ def test_layers_left_alone(case):
     """Per-layer graph inputs (a KV cache) would have to be stacked on every call; a random
     operator in a Scan body would draw the same values in every layer; layers without weights
     of their own (one set shared, ALBERT's) are not told apart from chains of cheap ops."""
-    proto, shapes = layered_model(10, **{case: True})
+    proto, shapes = layered_model(18, **{case: True})
     model = transmuter.load(proto, optimize=LAYERS)
     assert not _scans(model)
     if case == "per_layer_input":
@@ -484,7 +484,7 @@ def test_layers_left_alone(case):
 
 
 def test_layers_keep_a_trainable_models_params():
-    proto, _ = layered_model(10)
+    proto, _ = layered_model(18)
     trained = transmuter.load(proto, optimize=LAYERS, trainable=True)
     assert not _scans(trained) and "w3_up" in trained.params
 
@@ -495,7 +495,7 @@ def test_layers_whose_state_changes_shape_run_unrolled():
     cannot carry it)."""
     c = 4
     nodes, inits, h = [], [("grow", np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64))], "x"
-    for j in range(10):
+    for j in range(18):
         p = f"b{j}_"
         nodes += [
             helper.make_node("Conv", [h, p + "w", p + "b"], [p + "conv"], pads=[1, 1, 1, 1]),
@@ -515,7 +515,7 @@ def test_layers_whose_state_changes_shape_run_unrolled():
 
 
 def test_layers_export_with_symbolic_dims():
-    proto, shapes = layered_model(10)
+    proto, shapes = layered_model(18)
     model = transmuter.load(proto, optimize=LAYERS)
     assert _scans(model)
     exported = transmuter.export(model)

@@ -219,7 +219,7 @@ def layered() -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from layered import layered_inputs, layered_model
 
-    proto, shapes = layered_model(10)
+    proto, shapes = layered_model(18)
     model = transmuter.load(proto)
     batch = layered_inputs(shapes, batch=BATCH)
     want = transmuter.compile(model, batch)(batch)

@@ -205,7 +205,7 @@ def test_param_sharding_rules_place_what_they_match_and_load_keeps_its_placement
 
 
 def test_rules_for_a_layers_weight_place_each_slice_of_the_stacked_one():
-    proto, shapes = layered_model(10)
+    proto, shapes = layered_model(18)
     mesh = one_device_mesh("model")
     rules = {r"_up\b|_up__": PartitionSpec("model", None)}
     model = transmuter.load(proto, mesh=mesh, model_axis="model", param_sharding=rules)
