@@ -32,11 +32,11 @@ from transmuter.ir.passes.common import Context, Names, constants
 # A layer worth a Scan: at least this many nodes, repeated at least this many times, with
 # weights of its own. Smaller blocks trace in no time; blocks without weights are chains of
 # cheap ops (and layers that share one set of weights, as ALBERT's, which stay unrolled). A
-# scanned layer also costs per call: each step slices its weights out of the stacked ones, a
-# copy of every weight on every call (ViT-small's 12 layers: 58 -> 64 ms, 86 MB of weights),
-# and below 16 layers compiling the loop saves little or nothing (ViT-small's first result:
-# 0.79 s either way; 6 scanned layers of a Llama compiled in 0.52 s against 0.40 s unrolled),
-# where 22 of a BERT compiled in 0.37 s against 0.52-0.61 s (bench/README.md).
+# scanned layer also costs a little per call (each step slices its weights out of the stacked
+# ones: ViT-small's 12 layers ran 61.8 ms scanned against 60.5 ms unrolled), and below 16
+# layers compiling the loop saves little or nothing (ViT-small's first result: 0.79 s either
+# way; 6 scanned layers of a Llama compiled in 0.52 s against 0.40 s unrolled), where 22 of a
+# BERT compiled in 0.37 s against 0.52-0.61 s (bench/README.md).
 MIN_NODES = 8
 MIN_LAYERS = 16
 # The longest period searched: the search compares the graph with itself shifted by each.
