@@ -148,7 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, help="timed runs per engine (default: ~3 s a case)")
     parser.add_argument("--passes", help="as bench_models.py: names, 'none', default pipeline")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--ort-provider",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="ONNX Runtime's execution provider (cuda: for a GPU run, bench/gpu.sh)",
+    )
     args = parser.parse_args(argv)
+    if args.ort_provider == "cuda":
+        bench_models.ORT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     if args.passes is not None:
         names = [n.strip() for n in args.passes.split(",") if n.strip()]
         bench_models.OPTIMIZE = False if names == ["none"] else names
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{env['date']}  {env['machine']}  jax {env['jax']}  onnxruntime {env['onnxruntime']}  "
         f"threads {env['threads']}  load average {env['load_average_1min']:.2f}  "
-        f"passes {env['passes']}"
+        f"passes {env['passes']}  jax on {env['jax_backend']}  ORT {args.ort_provider}"
     )
     header = (
         "| case | workload | T first ms | ORT first ms | T ms | ORT ms | T/ORT | max\\|diff\\| |"

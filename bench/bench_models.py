@@ -64,6 +64,7 @@ SETTLE_S = 0.05
 MIN_REPEAT, MAX_REPEAT = 10, 200
 ROW_BUDGET_S = 3.0  # steady-state time per workload when --repeat is not given
 OPTIMIZE: bool | list[str] = True  # transmuter.load's optimize= (--passes)
+ORT_PROVIDERS = ["CPUExecutionProvider"]  # bench_cases.py --ort-provider cuda puts CUDA first
 
 
 @dataclass
@@ -131,7 +132,7 @@ def minilm_workloads() -> list[Workload]:
 def ort_session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()  # graph optimizations stay at their default (all)
     options.intra_op_num_threads = THREADS
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=ORT_PROVIDERS)
 
 
 def to_host(outputs: Any) -> list[np.ndarray]:

@@ -5,6 +5,10 @@
 # see the GPU, then writes JSON results to OUT_DIR (default bench/gpu-results):
 #   models.json    bench_models.py: every fixture model, Transmuter on the GPU against ONNX
 #                  Runtime (bench_models.py asks ORT for its CPU provider);
+#   cases.json     bench_cases.py --ort-provider cuda: issue 13's cases (MiniLM, ResNet-50, a
+#                  GPT-2 decode step, ...) against ONNX Runtime's CUDA provider; the model
+#                  files come from bench/make_minilm.py and bench/make_cases.py (torch), made
+#                  here when torch imports, and a missing one is skipped with a note;
 #   sharding.json  bench_sharding.py --throughput: rows/s data-parallel over 1, 2, 4, ...
 #                  GPUs (all the machine has), against ONNX Runtime's CUDA provider; MiniLM
 #                  when bench/make_minilm.py has made it (needs torch), else the BERT fixture.
@@ -25,5 +29,10 @@ assert "CUDAExecutionProvider" in onnxruntime.get_available_providers(), "no ORT
 print(f"jax {jax.__version__}: {jax.devices()}; onnxruntime {onnxruntime.__version__}")
 PY
 
+export JAX_PLATFORMS=cuda  # bench_models.py defaults to the CPU otherwise
+if python -c 'import torch, transformers' 2>/dev/null; then
+    python bench/make_minilm.py && python bench/make_cases.py
+fi
 python bench/bench_models.py --json "$out/models.json"
+python bench/bench_cases.py --ort-provider cuda --json "$out/cases.json"
 python bench/bench_sharding.py --throughput --json "$out/sharding.json"

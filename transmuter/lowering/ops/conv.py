@@ -72,10 +72,12 @@ def convolve(
     rank = x.ndim - 2
     if rank < 1 or w.ndim != x.ndim:
         layout = (
-            "(N, D1, ..., C) and W (M, k1, ..., C/group)" if channels_last else "(N, C, D1, ...)"
+            "(N, D1, ..., C) and W (M, k1, ..., C/group)"
+            if channels_last
+            else "(N, C, D1, ...) and W"
         )
         raise ShapeError(
-            f"{op_type}: X must be {layout} and W of the same rank, got {x.shape} and {w.shape}"
+            f"{op_type}: X must be {layout} of the same rank, got {x.shape} and {w.shape}"
         )
     channel = x.ndim - 1 if channels_last else 1
     spatial = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
