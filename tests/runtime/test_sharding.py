@@ -159,6 +159,22 @@ def test_matmul_nbits_pairs_split_n_then_the_blocks():
     assert find_splits(graph) == {"b1": 0, "b2": 1}
 
 
+def test_convolutions_run_channels_last_pair_up_through_their_stored_kernels():
+    """The layout pass stores each kernel (k, k, C, M) behind a Transpose to NhwcConv's
+    (M, k, k, C): the first convolution splits its outputs (M, stored axis 3), the second its
+    inputs (C, stored axis 2)."""
+    conv = {"pads": [1, 1, 1, 1]}
+    graph = linear_graph(
+        ir.Node("Conv", "", ("x", "w1"), ("h",), conv),
+        ir.Node("Relu", "", ("h",), ("a",)),
+        ir.Node("Conv", "", ("a", "w2"), ("o",), conv),
+        weights={"w1": (16, 3, 3, 3), "w2": (8, 16, 3, 3)},
+    )
+    model = transmuter.optimize_graph(ir.Model(graph, {"": 17}), ["layout"])
+    assert [n.op_type for n in model.graph.nodes].count("NhwcConv") == 2
+    assert find_splits(model.graph) == {"w1__spatial_first": 3, "w2__spatial_first": 2}
+
+
 def test_bert_attention_and_mlp_pairs_and_embeddings_by_vocabulary():
     model = transmuter.load(MODELS / "bert.onnx")
     splits = find_splits(model.ir.graph)
