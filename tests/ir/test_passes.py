@@ -424,6 +424,27 @@ def test_layout_runs_a_1d_convolution_channels_last():
     assert _ops(optimized).count("NhwcConv") == 2
 
 
+def test_layout_takes_half_precision_kernels_read_in_float32():
+    """A float16 graph computes in float32 (compute_type's Casts): its kernels reach Conv
+    through a Cast, which the pass moves after the kernel's transpose."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT16, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", T.FLOAT16, None)],
+        [numpy_helper.from_array(_weights(4, 3, 3, 3).astype(np.float16), "w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float16)
+    optimized = _agree(proto, {"x": x}, ["layout", "dce"], rtol=1e-3, atol=1e-3)
+    assert "NhwcConv" in _ops(optimized) and "Conv" not in _ops(optimized)
+    (kernel,) = [a for a in optimized.ir.graph.initializers.values() if a.ndim == 4]
+    assert kernel.dtype == np.float16 and kernel.shape == (3, 3, 3, 4)  # stored as it was
+
+
 def test_layout_leaves_trainable_and_non_constant_kernels():
     proto = _chain_model()
     assert "NhwcConv" not in _ops(transmuter.load(proto, optimize=["layout"], trainable=True))

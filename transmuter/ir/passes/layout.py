@@ -72,6 +72,11 @@ class _Rewrite:
         self.present = {v.name for v in graph.inputs} | set(graph.initializers)
         self.kernels: dict[str, str] = {}  # kernel -> its NhwcConv-ordered value
         self.constants: dict[tuple[str, int], str] = {}  # (constant, rank) -> channels-last copy
+        self.casts = {  # a Cast's output -> the Cast, where it reads a constant
+            n.outputs[0]: n
+            for n in graph.nodes
+            if n.op_type == "Cast" and n.domain == "" and n.inputs[0] in self.known
+        }
         self.changed = False
         for node in graph.nodes:
             if not self._conv(node) and not self._on_twins(node):
@@ -108,7 +113,10 @@ class _Rewrite:
     def _conv(self, node: Node) -> bool:
         if node.op_type != "Conv" or node.domain != "" or len(node.inputs) < 2:
             return False
-        weight = self.known.get(node.inputs[1])
+        source, cast = node.inputs[1], self.casts.get(node.inputs[1])
+        if cast is not None:  # a half-precision kernel read in float32 (compute_type's Cast)
+            source = cast.inputs[0]
+        weight = self.known.get(source)
         if weight is None or weight.ndim < 3 or not dtypes.is_float(weight.dtype):
             return False
         if node.inputs[0] in self.known:
@@ -116,7 +124,12 @@ class _Rewrite:
         rank = weight.ndim
         x = self._last(node.inputs[0], rank)
         y = self.names.fresh(node.outputs[0], "last")
-        inputs = (x, self._kernel(node.inputs[1], weight), *node.inputs[2:])
+        kernel = self._kernel(source, weight)
+        if cast is not None:
+            widened = self.names.fresh(kernel, "cast")
+            self._emit(dataclasses.replace(cast, inputs=(kernel,), outputs=(widened,), name=""))
+            kernel = widened
+        inputs = (x, kernel, *node.inputs[2:])
         self._emit(Node("NhwcConv", MS, inputs, (y,), dict(node.attrs), node.name))
         self.twins[node.outputs[0]] = (y, rank)
         self.changed = True
