@@ -3,10 +3,10 @@
 XLA:CPU computes a convolution channels last (NHWC activations, HWIO kernels). Handed ONNX's
 NCHW and OIHW, it transposes around each Conv, and it transposes every kernel on every call: the
 kernels are arguments of the compiled program, so XLA cannot fold that. This pass rewrites each
-Conv whose kernel is a constant into com.microsoft NhwcConv (X (N, D1, ..., C), W (M, k1, ...,
-C/group)) on a channels-last twin of its input. The kernel is stored once in the order XLA reads
-it, (k1, ..., C/group, M), behind a Transpose to NhwcConv's order that XLA folds into the
-convolution. Ops that do not care about the layout then run on the twins too: elementwise ops
+Conv whose kernel is a constant, or a Cast of one (a float16 kernel read in float32), into
+com.microsoft NhwcConv (X (N, D1, ..., C), W (M, k1, ..., C/group)) on a channels-last twin of
+its input. The kernel is stored once in the order XLA reads it, (k1, ..., C/group, M), behind a
+Transpose to NhwcConv's order that XLA folds into the convolution (and the Cast after it). Ops that do not care about the layout then run on the twins too: elementwise ops
 whose other operands are twins or constants (transposed once here), and Concat. A value is
 transposed back to channels first only where something else reads it (a pool, a Reshape, a
 graph output), so between two convolutions of a chain no transpose is left.
