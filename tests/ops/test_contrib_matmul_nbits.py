@@ -118,6 +118,23 @@ def test_matmul_nbits_matches_the_spec_formula(rng):
     np.testing.assert_allclose(expected[0], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("first", [np.nan, np.inf, -np.inf])
+def test_matmul_nbits_a_non_finite_first_element_leaves_other_rows(first, rng):
+    # The dequantization waits on A's first element (`_after`); what that element holds must
+    # not reach the weights.
+    q, scales, zeros, b = quantized_weights(rng, 4, 32, 4, 16)
+    a = rng.standard_normal((3, 32)).astype(np.float32)
+    a[0, 0] = first
+    inputs = {"A": a, "B": b, "scales": scales}
+    model = make_node_model(
+        "MatMulNBits", inputs, {"K": 32, "N": 4, "block_size": 16}, domain=MS, constants=WEIGHTS
+    )
+    expected = reference(a[1:], q, scales, np.full_like(zeros, 8), np.arange(32) // 16)
+    for mode, (got,) in transmuter_runs(model, inputs).items():
+        assert not np.isfinite(got[0]).any(), mode
+        assert_close(got[1:], expected.astype(np.float32), rtol=1e-5, atol=1e-5, what=mode)
+
+
 @pytest.mark.parametrize("form", ZERO_FORMS)
 def test_matmul_nbits_g_idx_bias_symbolic_batch(form, rng):
     k, n, block_size, bits = 64, 5, 16, 4
