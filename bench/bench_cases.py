@@ -11,6 +11,8 @@ the quantized MiniLM, bench_quantized.make_quantized; a missing file skips its c
   as a hand-written JAX BERT jitted whole (T/JAX: what the lowering costs over plain XLA);
 - minilm_int8 and minilm_q4 (MatMulInteger and MatMulNBits) at batch 1, and minilm_q4 once more
   with the `dequantize` pass (the 4-bit weights held as float32 from load: 8x their memory);
+- minilm_fp16: the export with float16 weights and float32 inputs and outputs
+  (onnxruntime.transformers.float16, keep_io_types; written here when missing), at batch 1;
 - resnet50, mobilenet, vit_small at 224 px, yolo at 320 px, audio1d on 1 s of 16 kHz audio, and
   gpt2_step: one token of a GPT-2-small-shaped decoder with 128 cached positions, batch 1.
 
@@ -46,6 +48,7 @@ from transmuter.ir import passes  # noqa: E402
 CACHE = MINILM.parent
 CASES = CACHE / "cases"
 WEIGHTS = CACHE / "minilm_weights.npz"
+FP16 = CACHE / "minilm_fp16.onnx"
 SEQ = 128
 PAST = 128  # gpt2_step's cached positions
 GPT2_LAYERS, GPT2_HEADS, GPT2_HEAD = 12, 12, 64
@@ -96,6 +99,7 @@ def workloads() -> list[Workload]:
         Workload(
             "minilm_q4_dequantized", "batch 1, seq 128", CACHE / "minilm_q4.onnx", minilm_inputs(1)
         ),
+        Workload("minilm_fp16", "batch 1, seq 128", FP16, minilm_inputs(1)),
         Workload("resnet50", "batch 1, 224x224", CASES / "resnet50.onnx", image(224)),
         Workload("mobilenet", "batch 1, 224x224", CASES / "mobilenet.onnx", image(224)),
         Workload("yolo", "batch 1, 320x320", CASES / "yolo.onnx", image(320, "images")),
@@ -105,6 +109,14 @@ def workloads() -> list[Workload]:
             "gpt2_step", f"batch 1, 1 token, past {PAST}", CASES / "gpt2_step.onnx", gpt2_step()
         ),
     ]
+
+
+def make_fp16() -> None:
+    """minilm.onnx with float16 weights, as fp16 exports store them (inputs and outputs kept)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(MINILM), keep_io_types=True), FP16)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -172,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         import bench_quantized
 
         bench_quantized.make_quantized(force=False)
+    if any(w.model == "minilm_fp16" for w in todo) and MINILM.exists() and not FP16.exists():
+        make_fp16()
 
     env = bench_models.environment()
     print(

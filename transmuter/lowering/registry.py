@@ -55,6 +55,11 @@ class OpDef:
     that node's inputs other than the activation, and of its attributes, giving the float32
     weight [K, N] the activation is multiplied by: what a graph pass needs to dequantize a
     constant weight once at load.
+    converts: the op converts its first input element by element (Cast, DequantizeLinear).
+    Reading only initializers, it converts a stored weight on every call (half-precision
+    storage, QDQ weights), and the runtime runs it just before the node reading its result,
+    waiting on that node's data (`Step.gate`): XLA:CPU's scheduler would start every such
+    conversion at the program's start and hold all the converted weights at once.
     """
 
     domain: str
@@ -72,6 +77,7 @@ class OpDef:
     reads_shape: bool = False
     symbolic: bool | Callable = False
     weight: Callable | None = None
+    converts: bool = False
 
     @property
     def name(self) -> str:
@@ -114,6 +120,7 @@ def op(
     reads_shape: bool = False,
     symbolic: bool | Callable = False,
     weight: Callable | None = None,
+    converts: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of `op_type` for each since-version in `since`.
 
@@ -149,6 +156,7 @@ def op(
                 reads_shape,
                 symbolic,
                 weight,
+                converts,
             )
         return fn
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+import jax
+import jax.custom_batching
 import jax.numpy as jnp
 import numpy as np
 from jax.export import is_symbolic_dim
@@ -59,6 +61,51 @@ def host_scalar(value, what: str):
     if array.size != 1:
         raise ShapeError(f"{what} must hold exactly one value; got shape {list(array.shape)}")
     return array.reshape(())[()]
+
+
+# ------------------------------------------------------------------------------- scheduling
+
+
+def after(value, dependency):
+    """`value`, available to XLA only once `dependency` is computed: a data dependency it
+    cannot fold away (x == x is false for a NaN, so the comparison stays), for work on weights
+    that should run next to its use rather than where XLA:CPU's scheduler puts it, at the
+    program's start with all the others (their results are then all held at once, and each
+    read back from memory). The option that changes that schedule
+    (xla_cpu_enable_concurrency_optimized_scheduler) is read from XLA_FLAGS alone, not from a
+    program's compile options. A dependency with no elements, or not a float, adds none.
+
+    Its derivative is the identity in `value`; under vmap the gate reads the whole batch, so an
+    unbatched weight stays unbatched."""
+    dependency = jnp.asarray(dependency)
+    if dependency.size == 0 or not jnp.issubdtype(dependency.dtype, jnp.inexact):
+        return value
+    return _after(value, dependency)
+
+
+def _gate(value, dependency):
+    probe = jnp.ravel(dependency)[0]
+    return jnp.where((probe == probe) | (probe != probe), value, jnp.zeros_like(value))
+
+
+@jax.custom_batching.custom_vmap
+def _gated(value, dependency):
+    return _gate(value, dependency)
+
+
+@_gated.def_vmap
+def _gated_vmap(axis_size, in_batched, value, dependency):
+    return _gate(value, dependency), in_batched[0]
+
+
+@jax.custom_jvp
+def _after(value, dependency):
+    return _gated(value, dependency)
+
+
+@_after.defjvp
+def _after_jvp(primals, tangents):
+    return _after(*primals), tangents[0]
 
 
 # ------------------------------------------------------------------------------------- sizes

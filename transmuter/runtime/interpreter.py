@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -22,6 +22,7 @@ from jax.export import is_symbolic_dim
 from transmuter import dtypes, ir
 from transmuter.errors import HostValueNeeded, NodeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import OpContext, OpDef, lookup
+from transmuter.lowering.shared import after
 from transmuter.lowering.symbolic import dims_to_device, is_symbolic, settle_dims
 
 
@@ -30,6 +31,9 @@ class Step:
     node: ir.Node
     opdef: OpDef
     opset: int
+    # For a conversion of weights (`OpDef.converts` reading only initializers): its reader's
+    # other inputs; it waits on the first traced float one (`lowering.shared.after`).
+    gate: tuple[str, ...] = ()
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Plan:
     def build(cls, graph: ir.Graph, opsets: Mapping[str, int]) -> Plan:
         unsupported: list[UnsupportedOpError] = []
         plan = cls._build(graph, opsets, unsupported, {})
+        plan.steps = _conversions_next_to_use(plan.steps, set(graph.initializers))
         if len(unsupported) == 1:
             raise unsupported[0]
         if unsupported:
@@ -135,6 +140,43 @@ class Plan:
         return plan
 
 
+def _conversions_next_to_use(steps: list[Step], weights: set[str]) -> list[Step]:
+    """`steps` with each conversion of weights moved to just before the first node that reads
+    it and computes on data, and gated on that node's other inputs. The main graph's weights
+    are params: converting them is work on every call, which XLA:CPU would schedule at the
+    program's start. A conversion is a `converts` step reading only values computed from
+    weights, or such a step reading a conversion (the graph's own Transpose after a storage
+    Cast); it reads nothing computed from data, so any position before its reader is valid."""
+    derived = set(weights)  # values computed from weights alone
+    waiting: dict[str, tuple[int, Step]] = {}  # output -> (position, conversion)
+    ordered: list[Step] = []
+    for position, step in enumerate(steps):
+        reads = [n for n in step.node.inputs if n]
+        outputs = [o for o in step.node.outputs if o]
+        if all(n in derived for n in reads):
+            derived.update(outputs)
+            movable = not step.opdef.random and not ir.subgraphs(step.node)
+            if movable and (step.opdef.converts or any(n in waiting for n in reads)):
+                waiting.update((o, (position, step)) for o in outputs)
+                continue
+        gate = tuple(n for n in reads if n not in derived)
+        needed: dict[int, Step] = {}
+        pending = [n for n in reads if n in waiting]
+        while pending:
+            at, conversion = waiting[pending.pop()]
+            if at not in needed:
+                needed[at] = conversion
+                pending.extend(n for n in conversion.node.inputs if n in waiting)
+        for at in sorted(needed):
+            for name in needed[at].node.outputs:
+                waiting.pop(name, None)
+            ordered.append(replace(needed[at], gate=gate))
+        ordered.append(step)
+    # Conversions no node reads (graph outputs) keep no gate and end the plan.
+    left = {at: step for at, step in waiting.values()}
+    return ordered + [left[at] for at in sorted(left)]
+
+
 def is_host(value: Any) -> bool:
     """True for values known on the host: numpy arrays, None, lists of host values, and maps
     (dicts) whose values are numpy scalars, strings or host values."""
@@ -170,6 +212,10 @@ def _is_traced(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_is_traced(v) for v in value.values())
     return isinstance(value, jax.core.Tracer)
+
+
+def _is_float_tracer(value: Any) -> bool:
+    return isinstance(value, jax.core.Tracer) and jax.numpy.issubdtype(value.dtype, np.inexact)
 
 
 class Interpreter:
@@ -233,6 +279,9 @@ class Interpreter:
                     f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value"
                 )
             args.append(env[name] if name else None)
+        dependency = next((env[n] for n in step.gate if _is_float_tracer(env[n])), None)
+        if dependency is not None:
+            args = [after(a, dependency) if isinstance(a, jax.core.Tracer) else a for a in args]
         for index in opdef.host_input_indices(node.inputs):
             if _is_traced(args[index]):
                 reason = opdef.host_reason(index)

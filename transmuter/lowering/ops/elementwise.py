@@ -524,6 +524,12 @@ def _float_text(value: float) -> str:
     return f"{value:.8g}"
 
 
+# Cast and CastLike convert element by element (`converts`: a stored weight's conversion runs
+# next to its reader); strings live on the host.
+_CAST_LIKE = {"context": True, "strings_on_host": True, "converts": True}
+_CAST = {**_CAST_LIKE, "symbolic": cast_dims}
+
+
 def _target(ctx, x, to):
     """Strings exist only on the host: a traced input cannot become one."""
     if np.dtype(to).kind == "O" and isinstance(x, jax.core.Tracer):
@@ -531,7 +537,7 @@ def _target(ctx, x, to):
     return to
 
 
-@op("Cast", since=1, context=True, strings_on_host=True, symbolic=cast_dims)
+@op("Cast", since=1, **_CAST)
 def cast_v1(ctx, input, *, to):
     """ONNX Cast-1: cast to the type named by the string `to` ("FLOAT", "INT64", ...)."""
     code = _CAST_V1_TYPES.get(str(to).upper())
@@ -540,52 +546,52 @@ def cast_v1(ctx, input, *, to):
     return _cast(input, _target(ctx, input, dtypes.from_onnx(code)))
 
 
-@op("Cast", since=(19, 21), context=True, strings_on_host=True, symbolic=cast_dims)
+@op("Cast", since=(19, 21), **_CAST)
 def cast_v19(ctx, input, *, saturate=1, to):
     """ONNX Cast-19..21: cast; float8 targets saturate (Inf becomes NaN for the FNUZ types)."""
     target = _target(ctx, input, dtypes.from_onnx(to))
     return _cast(input, target, saturate=saturate, inf_saturates=False)
 
 
-@op("Cast", since=23, context=True, strings_on_host=True, symbolic=cast_dims)
+@op("Cast", since=23, **_CAST)
 def cast_v23(ctx, input, *, saturate=1, to):
     """ONNX Cast-23: cast; float8 targets saturate, Inf included."""
     return _cast(input, _target(ctx, input, dtypes.from_onnx(to)), saturate=saturate)
 
 
 # Before opset 19 no target type saturates (no float8 types yet): any saturate value is the same.
-cast_v6 = op("Cast", since=(6, 9, 13), context=True, strings_on_host=True, symbolic=cast_dims)(
+cast_v6 = op("Cast", since=(6, 9, 13), **_CAST)(
     variant(cast_v23, "cast_v6", "ONNX Cast-6..13: cast to element type `to`.", fixed={"saturate": 1})
 )  # fmt: skip
 
 
-@op("Cast", since=(24, 25, 28), context=True, strings_on_host=True, symbolic=cast_dims)
+@op("Cast", since=(24, 25, 28), **_CAST)
 def cast_v24(ctx, input, *, round_mode="up", saturate=1, to):
     """ONNX Cast-24..28: cast; float8 targets saturate, float8e8m0 rounds by `round_mode`."""
     target = _target(ctx, input, dtypes.from_onnx(to))
     return _cast(input, target, saturate=saturate, round_mode=round_mode)
 
 
-@op("CastLike", since=(19, 21), context=True, strings_on_host=True)
+@op("CastLike", since=(19, 21), **_CAST_LIKE)
 def cast_like_v19(ctx, input, target_type, *, saturate=1):
     """ONNX CastLike-19..21: cast like Cast-19 to the element type of `target_type`."""
     target = _target(ctx, input, target_type.dtype)
     return _cast(input, target, saturate=saturate, inf_saturates=False)
 
 
-@op("CastLike", since=23, context=True, strings_on_host=True)
+@op("CastLike", since=23, **_CAST_LIKE)
 def cast_like_v23(ctx, input, target_type, *, saturate=1):
     """ONNX CastLike-23: cast like Cast-23 to the element type of `target_type`."""
     return _cast(input, _target(ctx, input, target_type.dtype), saturate=saturate)
 
 
-cast_like_v15 = op("CastLike", since=15, context=True, strings_on_host=True)(variant(
+cast_like_v15 = op("CastLike", since=15, **_CAST_LIKE)(variant(
     cast_like_v23, "cast_like_v15", "ONNX CastLike-15: cast to the element type of `target_type`.",
     fixed={"saturate": 1},
 ))  # fmt: skip
 
 
-@op("CastLike", since=(24, 25), context=True, strings_on_host=True)
+@op("CastLike", since=(24, 25), **_CAST_LIKE)
 def cast_like_v24(ctx, input, target_type, *, round_mode="up", saturate=1):
     """ONNX CastLike-24..25: cast like Cast-24 to the element type of `target_type`."""
     target = _target(ctx, input, target_type.dtype)

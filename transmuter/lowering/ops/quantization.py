@@ -293,7 +293,7 @@ def _dequantize(x, x_scale, x_zero_point, *, axis, block_size, output):
     return (value * scale).astype(output)
 
 
-@op("DequantizeLinear", since=10)
+@op("DequantizeLinear", since=10, converts=True)
 def dequantize_linear_v10(x, x_scale, x_zero_point=None):
     """ONNX DequantizeLinear-10: per-tensor (x - x_zero_point) * x_scale."""
     _require_scalar(x_scale, "DequantizeLinear-10 x_scale")
@@ -303,7 +303,7 @@ def dequantize_linear_v10(x, x_scale, x_zero_point=None):
     )
 
 
-@op("DequantizeLinear", since=(23, 24, 25, 28))
+@op("DequantizeLinear", since=(23, 24, 25, 28), converts=True)
 def dequantize_linear_v23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
     """ONNX DequantizeLinear-23..28: output_dtype; float4e2m1 (23), float8e8m0 scales (24),
     (u)int2 (25) and float6 (28) inputs."""
@@ -313,12 +313,12 @@ def dequantize_linear_v23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0
     return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output=output)
 
 
-dequantize_linear_v21 = op("DequantizeLinear", since=21)(variant(
+dequantize_linear_v21 = op("DequantizeLinear", since=21, converts=True)(variant(
     dequantize_linear_v23, "dequantize_linear_v21",
     "ONNX DequantizeLinear-21: adds blocked quantization and (u)int16/(u)int4 inputs.",
     fixed={"output_dtype": 0},
 ))  # fmt: skip
-dequantize_linear_v13 = op("DequantizeLinear", since=(13, 19))(variant(
+dequantize_linear_v13 = op("DequantizeLinear", since=(13, 19), converts=True)(variant(
     dequantize_linear_v21, "dequantize_linear_v13",
     "ONNX DequantizeLinear-13/19: per-tensor or per-axis; 19 adds float8 and half scales.",
     fixed={"block_size": 0},

@@ -16,7 +16,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.shared import normalize_axis
+from transmuter.lowering.shared import after, normalize_axis
 
 _F32 = np.dtype(np.float32)
 _PACKED_BITS = (2, 4, 8)
@@ -134,22 +134,6 @@ def _nbits_weight(
     return w.T
 
 
-def _after(value, dependency):
-    """`value`, available only once float `dependency` is computed: a data dependency XLA
-    cannot fold away (x == x is false for NaN, so it keeps the comparison).
-
-    XLA:CPU's default scheduler starts the work on constants first, so without it every
-    MatMulNBits weight of a program was dequantized at the start, all float32 weights written
-    out at once and each read back from memory by its matmul (4-bit MiniLM: 40 -> 26 ms with the
-    dequantization next to its matmul, bench/README.md). The option that changes the schedule
-    (xla_cpu_enable_concurrency_optimized_scheduler) is read from XLA_FLAGS alone, not from a
-    program's compile options."""
-    if jnp.size(dependency) == 0:
-        return value
-    probe = jnp.ravel(dependency)[0]
-    return jnp.where((probe == probe) | (probe != probe), value, jnp.zeros_like(value))
-
-
 @op("MatMulNBits", since=1, domain="com.microsoft", weight=_nbits_weight)
 def matmul_nbits(
     A,
@@ -180,8 +164,9 @@ def matmul_nbits(
         # An omitted projection (the spec's empty B): zeros, or the broadcast bias.
         y = jnp.zeros(A.shape[:-1] + (N,), _F32)
     else:
+        # Dequantized next to its use (4-bit MiniLM: 40 -> 26 ms, bench/README.md).
         weight = _nbits_weight(
-            B, _after(scales, A), zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size
+            B, after(scales, A), zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size
         )
         y = jnp.matmul(A.astype(_F32), weight)
     if bias is not None:

@@ -107,7 +107,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=None):
     )
 
 
-@op("DequantizeLinear", since=1, domain=MS)
+@op("DequantizeLinear", since=1, domain=MS, converts=True)
 def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None):
     """com.microsoft DequantizeLinear-1: per-tensor or per-axis (axis defaults to 1)."""
     return dequantize_linear_v21(x, x_scale, x_zero_point, axis=1 if axis is None else axis)
