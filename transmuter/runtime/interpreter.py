@@ -31,8 +31,8 @@ class Step:
     node: ir.Node
     opdef: OpDef
     opset: int
-    # For a conversion of weights (`OpDef.converts` reading only initializers): its reader's
-    # other inputs; it waits on the first traced float one (`lowering.shared.after`).
+    # For a conversion of weights (`_conversions_next_to_use`): what its reader reads besides
+    # weights; it waits on the first traced float value of them (`lowering.shared.after`).
     gate: tuple[str, ...] = ()
 
 
@@ -146,12 +146,14 @@ def _conversions_next_to_use(steps: list[Step], weights: set[str]) -> list[Step]
     are params: converting them is work on every call, which XLA:CPU would schedule at the
     program's start. A conversion is a `converts` step reading only values computed from
     weights, or such a step reading a conversion (the graph's own Transpose after a storage
-    Cast); it reads nothing computed from data, so any position before its reader is valid."""
+    Cast); it reads nothing computed from data, so any position before its reader is valid.
+    A node's reads include what its subgraphs read from outside (an If branch's weights)."""
     derived = set(weights)  # values computed from weights alone
     waiting: dict[str, tuple[int, Step]] = {}  # output -> (position, conversion)
     ordered: list[Step] = []
     for position, step in enumerate(steps):
         reads = [n for n in step.node.inputs if n]
+        reads += sorted(set().union(*(sub.outer_names for sub in ir.subgraphs(step.node))))
         outputs = [o for o in step.node.outputs if o]
         if all(n in derived for n in reads):
             derived.update(outputs)
