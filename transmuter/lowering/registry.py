@@ -55,11 +55,11 @@ class OpDef:
     that node's inputs other than the activation, and of its attributes, giving the float32
     weight [K, N] the activation is multiplied by: what a graph pass needs to dequantize a
     constant weight once at load.
-    converts: the op converts its first input element by element (Cast, DequantizeLinear).
-    Reading only initializers, it converts a stored weight on every call (half-precision
-    storage, QDQ weights), and the runtime runs it just before the node reading its result,
-    waiting on that node's data (`Step.gate`): XLA:CPU's scheduler would start every such
-    conversion at the program's start and hold all the converted weights at once.
+    converts: the op converts its first input element by element (Cast, CastLike,
+    DequantizeLinear). Reading only weights, it converts a stored weight on every call
+    (half-precision storage, QDQ weights), and the runtime runs it just before the node reading
+    its result, waiting on that node's data (`Step.gate`): XLA:CPU's scheduler would start
+    every such conversion at the program's start and hold all the converted weights at once.
     """
 
     domain: str

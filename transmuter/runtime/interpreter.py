@@ -281,7 +281,7 @@ class Interpreter:
                     f"node {node.label!r} ({node.op_type}) reads {name!r}, which has no value"
                 )
             args.append(env[name] if name else None)
-        dependency = next((env[n] for n in step.gate if _is_float_tracer(env[n])), None)
+        dependency = next((env[n] for n in step.gate if _is_float_tracer(env.get(n))), None)
         if dependency is not None:
             args = [after(a, dependency) if isinstance(a, jax.core.Tracer) else a for a in args]
         for index in opdef.host_input_indices(node.inputs):
