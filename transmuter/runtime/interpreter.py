@@ -152,12 +152,13 @@ def _conversions_next_to_use(steps: list[Step], weights: set[str]) -> list[Step]
     waiting: dict[str, tuple[int, Step]] = {}  # output -> (position, conversion)
     ordered: list[Step] = []
     for position, step in enumerate(steps):
+        subs = ir.subgraphs(step.node)
         reads = [n for n in step.node.inputs if n]
-        reads += sorted(set().union(*(sub.outer_names for sub in ir.subgraphs(step.node))))
+        reads += sorted(set().union(*(sub.outer_names for sub in subs)))
         outputs = [o for o in step.node.outputs if o]
         if all(n in derived for n in reads):
             derived.update(outputs)
-            movable = not step.opdef.random and not ir.subgraphs(step.node)
+            movable = not step.opdef.random and not subs
             if movable and (step.opdef.converts or any(n in waiting for n in reads)):
                 waiting.update((o, (position, step)) for o in outputs)
                 continue

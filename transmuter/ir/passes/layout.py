@@ -6,10 +6,11 @@ kernels are arguments of the compiled program, so XLA cannot fold that. This pas
 Conv whose kernel is a constant, or a Cast of one (a float16 kernel read in float32), into
 com.microsoft NhwcConv (X (N, D1, ..., C), W (M, k1, ..., C/group)) on a channels-last twin of
 its input. The kernel is stored once in the order XLA reads it, (k1, ..., C/group, M), behind a
-Transpose to NhwcConv's order that XLA folds into the convolution (and the Cast after it). Ops that do not care about the layout then run on the twins too: elementwise ops
-whose other operands are twins or constants (transposed once here), and Concat. A value is
-transposed back to channels first only where something else reads it (a pool, a Reshape, a
-graph output), so between two convolutions of a chain no transpose is left.
+Transpose to NhwcConv's order that XLA folds into the convolution (and the Cast after it).
+Ops that do not care about the layout then run on the twins too: elementwise ops whose other
+operands are twins or constants (transposed once here), and Concat. A value is transposed back
+to channels first only where something else reads it (a pool, a Reshape, a graph output), so
+between two convolutions of a chain no transpose is left.
 
 For the same reason a Gemm's constant B with transB=1 (a torch Linear's [out, in] weight) is
 stored transposed once, with transB=0.
