@@ -309,6 +309,59 @@ def test_attention_reorders_the_softmax(opset, masked):
     assert "Softmax" not in _ops(optimized) and "Div" in _ops(optimized)
 
 
+# ---- transposed_matmul: Q K^T as one Einsum -------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_transposed_matmul_reads_the_keys_untransposed(rows):
+    """A decoder step's scores (one query row, keys grown by the cache's Concat) and a prefill's;
+    the query's rank is known through the Mul that scales it, and the batch broadcasts."""
+    nodes = [
+        helper.make_node("Concat", ["past", "new"], ["k"], axis=2),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["q", "c"], ["qs"]),
+        helper.make_node("MatMul", ["qs", "kt"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["y"], axis=-1),
+    ]
+    inputs = [("q", [1, 2, rows, 4]), ("past", [3, 2, 5, 4]), ("new", [3, 2, rows, 4])]
+    proto = _model(nodes, inputs, ["y", "kt"], [("c", np.array(0.5, np.float32))])
+    feeds = {
+        "q": RNG.standard_normal((1, 2, rows, 4)).astype(np.float32),
+        "past": RNG.standard_normal((3, 2, 5, 4)).astype(np.float32),
+        "new": RNG.standard_normal((3, 2, rows, 4)).astype(np.float32),
+    }
+    optimized = _agree(proto, feeds, ["transposed_matmul"])
+    einsum = next(n for n in optimized.ir.graph.nodes if n.op_type == "Einsum")
+    assert einsum.inputs == ("qs", "k") and einsum.attrs["equation"] == "...qd,...kd->...qk"
+    assert "MatMul" not in _ops(optimized) and "Transpose" in _ops(optimized)  # kt is an output
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["other_perm", "vector_query", "unknown_rank", "opset_11"],
+)
+def test_transposed_matmul_left_alone(case):
+    """Not a swap of the last two axes; a 1-D query (MatMul makes it a row, Einsum's ellipsis
+    would not); a query whose rank nothing states; an opset without Einsum."""
+    perm = [0, 2, 3, 1] if case == "other_perm" else [0, 1, 3, 2]
+    rows = [4 if case == "other_perm" else 3, 1, 4]  # batch dims that broadcast with k's
+    query = {"vector_query": [4], "unknown_rank": None}.get(case, rows)
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=perm),
+        helper.make_node("MatMul", ["q", "kt"], ["y"]),
+    ]
+    proto = _model(
+        nodes, [("q", query), ("k", [2, 3, 4, 4])], ["y"], (), 11 if case == "opset_11" else 17
+    )
+    optimized = transmuter.load(proto, optimize=["transposed_matmul"])
+    assert _ops(optimized) == ["Transpose", "MatMul"]
+    if query is not None:
+        shape = (4,) if case == "vector_query" else tuple(rows)
+        feeds = {"q": RNG.standard_normal(shape).astype(np.float32),
+                 "k": RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)}  # fmt: skip
+        _agree(proto, feeds, ["transposed_matmul"])
+
+
 # ---- dequantize: MatMulNBits weights once, at load ---------------------------------------------
 
 

@@ -24,6 +24,7 @@ from transmuter.ir.passes import (
     layers,
     layout,
     qkv,
+    transposed_matmul,
 )
 from transmuter.ir.passes.common import Context
 
@@ -42,11 +43,12 @@ PASSES: dict[str, Pass] = {
     "layout": layout.run,
     "qkv": qkv.run,
     "attention": attention.run,
+    "transposed_matmul": transposed_matmul.run,
     "layers": layers.run,
     "dce": dce.run,
 }
 # The passes `optimize=True` runs: those the benchmark shows pay (bench/README.md).
-DEFAULT: tuple[str, ...] = ("fold", "cse", "layout", "layers", "dce")
+DEFAULT: tuple[str, ...] = ("fold", "cse", "layout", "transposed_matmul", "layers", "dce")
 
 
 def optimize(model: Model, names: Iterable[str] | None, context: Context) -> Model:
