@@ -3,9 +3,10 @@
     check_node("Gemm", {"A": a, "B": b}, {"transA": 1}, opset=13)
 
 builds a one-node model, runs it through `transmuter.compile` (and `transmuter.run`, eager, where
-that can take another path), and compares every output with ONNX Runtime (graph optimizations off) or, with reference="onnx",
-with `onnx.reference`. Inputs named in `constants` become initializers, as the values that decide
-shapes (Reshape's shape, Slice's starts) are in real exports.
+that can take another path), and compares every output with ONNX Runtime (graph optimizations
+off) or, with reference="onnx", with `onnx.reference`. Inputs named in `constants` become
+initializers, as the values that decide shapes (Reshape's shape, Slice's starts) are in real
+exports.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the contraction, its dot reads K where it is (bench/README.md: GPT-2's step 2.5-
 prefill and encoders unchanged). The Transpose stays where something else reads it.
 
 Einsum's ellipsis broadcasts as MatMul does, except that MatMul promotes a 1-D A to a row: A
-must be known to have at least two dims (`rank_at_least`). Einsum exists from opset 12.
+must be known to have at least two dims (`_rank_lower_bounds`). Einsum exists from opset 12.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def run(model: Model, context: Context) -> Model:
         return model
     graph = model.graph
     made = producers(graph)
-    ranks = _Ranks(graph, made)
+    ranks = _rank_lower_bounds(graph)
     nodes = []
     for node in graph.nodes:
         swapped = _swapped_operand(node, made)
-        if swapped is not None and ranks.at_least(node.inputs[0]) >= 2:
+        if swapped is not None and ranks.get(node.inputs[0], 0) >= 2:
             node = Node(
                 "Einsum",
                 "",
@@ -67,33 +67,25 @@ def _swapped_operand(node: Node, made: dict[str, Node]) -> str | None:
     return transpose.inputs[0]
 
 
-class _Ranks:
-    """A lower bound on each value's rank, from declared types and the ops that make it."""
-
-    def __init__(self, graph: Graph, made: dict[str, Node]):
-        self.made = made
-        self.known: dict[str, int] = {n: a.ndim for n, a in graph.initializers.items()}
-        for info in (*graph.inputs, *graph.value_info.values()):
-            if isinstance(info.type, TensorType) and info.type.shape is not None:
-                self.known[info.name] = len(info.type.shape)
-
-    def at_least(self, name: str) -> int:
-        if name not in self.known:
-            self.known[name] = 0  # a cycle cannot occur in a sorted graph; this ends recursion
-            self.known[name] = self._from_producer(name)
-        return self.known[name]
-
-    def _from_producer(self, name: str) -> int:
-        node = self.made.get(name)
-        if node is None or node.domain != "":
-            return 0
+def _rank_lower_bounds(graph: Graph) -> dict[str, int]:
+    """A lower bound on each value's rank (0: nothing known), from declared types and, in graph
+    order, the ops that make each value."""
+    known = {n: a.ndim for n, a in graph.initializers.items()}
+    for info in (*graph.inputs, *graph.value_info.values()):
+        if isinstance(info.type, TensorType) and info.type.shape is not None:
+            known[info.name] = len(info.type.shape)
+    for node in graph.nodes:
+        if node.domain != "" or not node.outputs or node.outputs[0] in known:
+            continue
+        ranks = [known.get(i, 0) for i in node.inputs if i]
+        rank = 0
         if node.op_type == "Transpose" and node.attrs.get("perm"):
-            return len(node.attrs["perm"])
-        if node.op_type == "Concat" or node.op_type in _BROADCASTING:
-            return max((self.at_least(i) for i in node.inputs if i), default=0)
-        if node.op_type == "MatMul":  # a 1-D operand's axis is dropped from the result
-            a, b = (self.at_least(i) for i in node.inputs)
-            return max(a, b) if min(a, b) >= 2 else 0
-        if node.op_type in _SHAPE_OF_FIRST and node.outputs[0] == name:
-            return self.at_least(node.inputs[0])
-        return 0
+            rank = len(node.attrs["perm"])
+        elif (node.op_type == "Concat" or node.op_type in _BROADCASTING) and ranks:
+            rank = max(ranks)
+        elif node.op_type == "MatMul" and len(ranks) == 2 and min(ranks) >= 2:
+            rank = max(ranks)  # a 1-D operand's axis would be dropped from the result
+        elif node.op_type in _SHAPE_OF_FIRST and ranks:
+            rank = ranks[0]
+        known[node.outputs[0]] = rank
+    return known
