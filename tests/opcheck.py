@@ -11,6 +11,7 @@ exports.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Mapping, Sequence
@@ -135,10 +136,15 @@ def eager_can_differ(model: onnx.ModelProto) -> bool:
             fn = lookup(node.domain, node.op_type, opsets.get(node.domain, DEFAULT_OPSET)).fn
         except UnsupportedOpError:
             return True
-        source = inspect.getsource(sys.modules[fn.__module__])
-        if "Tracer" in source or "_concrete(" in source:
+        if _asks_if_traced(fn.__module__):
             return True
     return False
+
+
+@functools.cache
+def _asks_if_traced(module: str) -> bool:
+    source = inspect.getsource(sys.modules[module])
+    return "Tracer" in source or "_concrete(" in source
 
 
 def assert_close(actual: Any, expected: Any, *, rtol: float, atol: float, what: str) -> None:
