@@ -4,7 +4,9 @@ pipeline against ONNX Runtime running the same export in a hand-written loop.
     python bench/bench_generate.py [--tokens 200] [--batches 1 8]
 
 Models: the tiny GPT-2 (decoder_model_merged.onnx) and Llama (model.onnx, grouped-query
-attention) repos of tests/fixtures/make_pipelines.py. Each run generates exactly `--tokens`
+attention) repos of tests/fixtures/make_pipelines.py; then its encoder-decoder repos (T5, BART,
+Whisper), Transmuter alone (cold, warm and programs: their generation_config's forced and
+suppressed tokens are not in a hand-written ONNX Runtime loop). Each run generates exactly `--tokens`
 new tokens (no end of sequence) from prompts of different lengths (left-padded), timed twice:
 cold (compiling included) and warm (the same call again). ONNX Runtime (CPUExecutionProvider,
 default optimizations) runs prefill and then one step per token with the past growing by one,
@@ -21,9 +23,15 @@ import numpy as np
 import onnxruntime as ort
 
 import transmuter
+from transmuter.pipelines.seq2seq import DECODINGS
 
 REPOS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pipelines"
 MODELS = {"gpt2": "decoder_model_merged.onnx", "llama": "model.onnx"}
+SEQ2SEQ = {
+    "t5": "text2text-generation",
+    "bart": "text2text-generation",
+    "whisper": "automatic-speech-recognition",
+}
 PROMPTS = ["Once upon a time", "The capital of France is", "Hello", "A tiny model writes tiny"]
 
 
@@ -56,6 +64,38 @@ def ort_generate(session, rows: list[list[int]], tokens: int, pad: int) -> list[
         mask = np.concatenate([mask, np.ones((len(rows), 1), np.int64)], 1)
         positions = positions[:, -1:] + 1
     return np.stack(made, 1).tolist()
+
+
+def seq2seq(tokens: int, batches: list[int]) -> None:
+    """The encoder-decoder repos, each decoding: `tokens` new tokens per row (no end of
+    sequence before)."""
+    from transmuter.pipelines.audio import log_mel
+
+    print("\nencoder-decoder, Transmuter alone")
+    print("model    decoding batch tokens  cold s  warm tok/s  programs")
+    texts = ["Hello world", "A tiny model writes tiny texts", "Translate this"]
+    for name, task in SEQ2SEQ.items():
+        for decoding in DECODINGS:
+            generate = transmuter.pipeline(task, REPOS / name, decoding=decoding)
+            limit = generate.decoder.positions or tokens + 8
+            for batch in batches:
+                before = generate.programs
+                if name == "whisper":
+                    rng = np.random.default_rng(0)
+                    waves = [
+                        rng.standard_normal(16000 * 3).astype(np.float32) for _ in range(batch)
+                    ]
+                    inputs = log_mel(waves, generate.features)
+                else:
+                    inputs = [generate.tokenizer.encode(texts[i % 3]).ids for i in range(batch)]
+                count = min(tokens, limit - 4)  # Whisper's prompt is 4 tokens
+                options = dict(max_new_tokens=count, min_new_tokens=count)
+                _, cold = timed(generate.generate, inputs, **options)
+                _, warm = timed(generate.generate, inputs, **options)
+                print(
+                    f"{name:8} {decoding:8} {batch:5} {count:6}  {cold:6.2f}  "
+                    f"{batch * count / warm:10.0f}  {generate.programs - before:8}"
+                )
 
 
 def timed(fn, *args, **kwargs):
@@ -95,6 +135,7 @@ def main() -> None:
                 f"{name:6} {batch:5} {tokens:6}  {cold:13.2f} s  {total / warm:10.0f}  {programs:8}  "
                 f"{total / ort_time:9.0f}  {ort_time / warm:8.2f}  {got == want}"
             )
+    seq2seq(args.tokens, args.batches)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """text2text-generation (T5, BART) and automatic-speech-recognition (Whisper) against
-transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py. The decoders
-compile a program per step the first time (Optimum's exports take no self-attention mask), so
-the 40-token comparisons are slow."""
+transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py, and the number
+of programs each decoding compiles. decoding="past" compiles a program per step the first
+time (Optimum's exports take no self-attention mask), so its 40-token comparisons are slow."""
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
@@ -11,13 +13,22 @@ from conftest import REPOS, expected
 from fixtures.waveforms import waveforms
 
 import transmuter
-from transmuter.errors import InputError
+from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio import log_mel
 
 
 @pytest.fixture(scope="module")
 def t5():
     return transmuter.pipeline("text2text-generation", REPOS / "t5")
+
+
+@pytest.fixture(scope="module")
+def t5_padded():
+    return transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="padded")
+
+
+# decoding="past" at 40 tokens compiles 40 programs per batch size and decoder.
+DECODINGS = [pytest.param("past", marks=pytest.mark.slow), "padded"]
 
 
 def test_t5_first_tokens_and_no_recompiles(t5):
@@ -34,19 +45,31 @@ def test_t5_first_tokens_and_no_recompiles(t5):
     assert t5.programs == before
 
 
-@pytest.mark.slow  # 40 programs per batch size and decoder
+def test_padded_decoding_of_forty_tokens_compiles_four_programs(t5_padded):
+    want = expected("t5")["single"]
+    before = t5_padded.programs
+    got = t5_padded.generate(want["input_ids"], max_new_tokens=40, **want["options"])
+    assert got == want["new_tokens"]
+    # The encoder with the first step, then a step program for each decoder bucket 16, 32, 64.
+    assert t5_padded.programs - before == 4
+    assert t5_padded.generate(want["input_ids"], max_new_tokens=40, **want["options"]) == got
+    assert t5_padded.programs - before == 4
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
 @pytest.mark.parametrize("name", ["t5", "bart"])
 @pytest.mark.parametrize("case", ["single", "batch"])
-def test_greedy_tokens_are_transformers(name, case):
+def test_greedy_tokens_are_transformers(name, case, decoding):
     want = expected(name)[case]
-    generate = transmuter.pipeline("text2text-generation", REPOS / name)
+    generate = transmuter.pipeline("text2text-generation", REPOS / name, decoding=decoding)
     assert generate.decoder.merged == (name == "bart")
     got = generate.generate(want["input_ids"], max_new_tokens=40, **want["options"])
     assert got == want["new_tokens"]
 
 
-@pytest.mark.slow
-def test_t5_repetition_penalty_is_transformers(t5):
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_t5_repetition_penalty_is_transformers(decoding):
+    t5 = transmuter.pipeline("text2text-generation", REPOS / "t5", decoding=decoding)
     want = expected("t5")["penalty"]
     assert (
         t5.generate(want["input_ids"], max_new_tokens=40, **want["options"]) == (want["new_tokens"])
@@ -60,6 +83,8 @@ def test_text2text_options_are_checked(t5):
         t5("Hello", max_new_tokens=0)
     with pytest.raises(InputError, match="a text or a non-empty list"):
         t5([])
+    with pytest.raises(InputError, match="decoding must be one of past, padded; got 'fast'"):
+        transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="fast")
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +121,44 @@ def test_whisper_transcribes_waveforms(whisper):
         whisper(np.zeros((2, 100), np.float32))
 
 
-@pytest.mark.slow  # 40 programs per case
+@pytest.fixture(scope="module")
+def whisper_padded():
+    return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper", decoding="padded")
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
 @pytest.mark.parametrize("case", ["single", "batch", "french"])
-def test_whisper_greedy_tokens_are_transformers(whisper, case):
+def test_whisper_greedy_tokens_are_transformers(case, decoding, request):
+    # One pipeline per decoding: batch 1's programs serve both single and french.
+    whisper = request.getfixturevalue("whisper" if decoding == "past" else "whisper_padded")
     want = expected("whisper")[case]
     features = log_mel(waveforms()[: len(want["new_tokens"])], whisper.features)
     got = whisper.generate(features, max_new_tokens=40, min_new_tokens=40, **want["options"])
     assert got == want["new_tokens"]
+
+
+def test_the_padded_decoder_bucket_stops_at_the_position_table():
+    whisper = transmuter.pipeline(
+        "automatic-speech-recognition", REPOS / "whisper", decoding="padded"
+    )
+    want = expected("whisper")["single"]
+    features = log_mel(waveforms()[:1], whisper.features)
+    whisper.decoder.positions = 40  # as if the table were 40 long: buckets 16, 32, then 40
+    with pytest.raises(InputError, match="need 44 positions; the model has 40"):
+        whisper.generate(features, max_new_tokens=40, **want["options"])
+    got = whisper.generate(features, max_new_tokens=36, min_new_tokens=36, **want["options"])
+    assert got == [row[:36] for row in want["new_tokens"]]
+    assert whisper.decoder._bucket(33) == 40
+
+
+def test_padded_decoding_refuses_a_decoder_fixed_to_one_token(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    shutil.copytree(REPOS / "bart", tmp_path / "bart")
+    path = tmp_path / "bart" / "decoder_model_merged.onnx"
+    model = onnx.load(str(path))
+    ids = next(v for v in model.graph.input if v.name == "input_ids")
+    ids.type.tensor_type.shape.dim[1].ClearField("dim_param")
+    ids.type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.save(model, str(path))
+    with pytest.raises(ModelLoadError, match=r"input_ids is declared as .*\[batch_size, 1\]"):
+        transmuter.pipeline("text2text-generation", tmp_path / "bart", decoding="padded")

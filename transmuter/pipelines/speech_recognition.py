@@ -11,7 +11,7 @@ import numpy as np
 from transmuter.errors import InputError
 from transmuter.pipelines.audio import log_mel
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.seq2seq import Seq2SeqDecoder
+from transmuter.pipelines.seq2seq import seq2seq_decoder
 from transmuter.pipelines.text2text_generation import Text2TextGeneration, seq2seq_settings
 
 
@@ -25,10 +25,10 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
 
     task = "automatic-speech-recognition"
 
-    def __init__(self, repo: Repo, **options: Any):
+    def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
         self.repo = repo
         self.tokenizer = repo.require_tokenizer(self.task)
-        self.decoder = Seq2SeqDecoder(repo, self.task)
+        self.decoder = seq2seq_decoder(repo, self.task, decoding)
         if self.decoder.encoder.inputs != ["input_features"]:
             raise InputError(
                 f"{repo.source}: speech recognition feeds input_features (Whisper's encoder); "

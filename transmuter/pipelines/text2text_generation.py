@@ -11,7 +11,7 @@ from typing import Any
 from transmuter.errors import InputError
 from transmuter.pipelines.generation import Settings
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.seq2seq import Seq2SeqDecoder
+from transmuter.pipelines.seq2seq import seq2seq_decoder
 from transmuter.pipelines.text_generation import TextGeneration
 
 
@@ -21,14 +21,15 @@ class Text2TextGeneration(TextGeneration):
     repetition_penalty, eos_token_id, stop, on_token; per call key), without
     return_full_text. generation_config.json's decoder_start_token_id starts each output, and
     its forced_bos_token_id, forced_eos_token_id, suppress_tokens and begin_suppress_tokens
-    apply as in transformers."""
+    apply as in transformers. `decoding` ("past" or "padded", seq2seq.py) trades the first
+    generation's compiles (a program per token with "past") against each step's work."""
 
     task = "text2text-generation"
 
-    def __init__(self, repo: Repo, **options: Any):
+    def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
         self.repo = repo
         self.tokenizer = repo.require_tokenizer(self.task)
-        self.decoder = Seq2SeqDecoder(repo, self.task)
+        self.decoder = seq2seq_decoder(repo, self.task, decoding)
         self._set_defaults(options)
 
     def __call__(self, inputs: str | Sequence[str], *, key: Any = None, **options: Any) -> Any:
@@ -71,9 +72,8 @@ class Text2TextGeneration(TextGeneration):
 
     def _check_length(self, length: int) -> None:
         """Decoder positions past the model's table would be clamped inside the program."""
-        config = self.repo.config
-        limit = config.get("max_target_positions", config.get("max_position_embeddings"))
-        if isinstance(limit, int) and length > limit:
+        limit = self.decoder.positions
+        if limit is not None and length > limit:
             raise InputError(
                 f"the decoder prompt and max_new_tokens need {length} positions; the model has "
                 f"{limit}"
