@@ -19,8 +19,8 @@ at the last real position: self-attention is causal, so the padding after a posi
 nothing at it. A program per (batch, encoder length, bucket), 4 for 40 tokens; each step
 recomputes the sequence, the cross-attention's keys and values and every position's logits,
 so steps cost more and more as the sequence grows (bench/README.md, "Encoder-decoder
-generation": the first generation about 8x faster, later ones 3x slower on a Whisper-tiny-
-sized model at 40 tokens).
+generation": at 40 tokens on a model of Whisper tiny's size, the first generation about 8x
+faster, later ones 3x slower).
 
 Every row's decoder has the same length, and text inputs are padded to a multiple of 8 (masked
 by `encoder_attention_mask`), so a later generation of up to as many tokens compiles nothing.
