@@ -1,4 +1,5 @@
-"""What the passes share: the `Context` the runtime gives them, use counts, renaming, names."""
+"""What the passes share: the `Context` the runtime gives them, op sets, use counts, renaming,
+names."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
      "Multinomial", "Dropout"}
 )  # fmt: skip
+# Ops applied element by element to their first input, the others (if any) scalars.
+UNARY = frozenset(
+    {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+     "Celu", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Erf", "Exp", "Log",
+     "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Identity", "Cast", "Clip"}
+)  # fmt: skip
+# Elementwise ops that broadcast their operands against each other.
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu"})
 
 
 @dataclass(frozen=True)

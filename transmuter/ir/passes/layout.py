@@ -24,18 +24,9 @@ import numpy as np
 
 from transmuter import dtypes
 from transmuter.ir.graph import Model, Node, subgraphs
-from transmuter.ir.passes.common import Context, Names, known_values
+from transmuter.ir.passes.common import BROADCASTING, UNARY, Context, Names, known_values
 
 MS = "com.microsoft"
-
-# Ops applied element by element to their first input, the others (if any) scalars.
-UNARY = frozenset(
-    {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
-     "Celu", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Erf", "Exp", "Log",
-     "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Identity", "Cast", "Clip"}
-)  # fmt: skip
-# Broadcasting elementwise ops: each operand a twin or a constant of no higher rank.
-BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu"})
 
 
 def to_last(rank: int) -> tuple[int, ...]:
@@ -167,7 +158,9 @@ class _Rewrite:
         return self.kernels[name]
 
     def _on_twins(self, node: Node) -> bool:
-        """Emit `node` on its inputs' twins, where its layout does not matter."""
+        """Emit `node` on its inputs' twins, where its layout does not matter: a UNARY op on its
+        first input's, a BROADCASTING one on operands each a twin or a constant of no higher
+        rank, a Concat of twins."""
         if node.domain != "" or len(node.outputs) != 1 or not node.inputs:
             return False
         if node.inputs[0] not in self.twins:

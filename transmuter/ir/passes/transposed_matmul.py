@@ -17,17 +17,14 @@ from __future__ import annotations
 import dataclasses
 
 from transmuter.ir.graph import Graph, Model, Node, TensorType
-from transmuter.ir.passes.common import Context, producers
+from transmuter.ir.passes.common import BROADCASTING, UNARY, Context, producers
 
 EQUATION = "...qd,...kd->...qk"
 
-# Ops whose output has at least the rank of each input (elementwise, with broadcasting), or of
-# their first input (unary, and ops that keep the shape).
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where"})
-_SHAPE_OF_FIRST = frozenset(
-    {"Neg", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "Cast", "Identity", "Softmax",
-     "LayerNormalization", "Dropout"}
-)  # fmt: skip
+# Beyond common's op sets: an output of at least each input's rank (Where broadcasts its three),
+# or of its first input's (these keep its shape).
+_MAX_RANK = BROADCASTING | {"Where", "Concat"}
+_FIRST_RANK = UNARY | {"Softmax", "LayerNormalization", "Dropout"}
 
 
 def run(model: Model, context: Context) -> Model:
@@ -81,11 +78,11 @@ def _rank_lower_bounds(graph: Graph) -> dict[str, int]:
         rank = 0
         if node.op_type == "Transpose" and node.attrs.get("perm"):
             rank = len(node.attrs["perm"])
-        elif (node.op_type == "Concat" or node.op_type in _BROADCASTING) and ranks:
+        elif node.op_type in _MAX_RANK and ranks:
             rank = max(ranks)
         elif node.op_type == "MatMul" and len(ranks) == 2 and min(ranks) >= 2:
             rank = max(ranks)  # a 1-D operand's axis would be dropped from the result
-        elif node.op_type in _SHAPE_OF_FIRST and ranks:
+        elif node.op_type in _FIRST_RANK and ranks:
             rank = ranks[0]
         known[node.outputs[0]] = rank
     return known
