@@ -125,7 +125,10 @@ def _pointwise(x, w, strides):
     """A 1x1 convolution, channels last and ungrouped (a 1x1 kernel pads nothing under any
     auto_pad), as the matrix product it is: XLA:CPU's GEMM runs ResNet-50's 1x1 layers in about
     0.6x the time of its convolution."""
-    strided = x[(slice(None), *(slice(None, None, s) for s in strides), slice(None))]
+    # lax.slice gives each strided dim as (n - 1) // s + 1, the expression
+    # lax.conv_general_dilated gives: with symbolic dims (export) the two outputs of a strided
+    # block then provably match. x[::s] would give (n + s - 1) // s, equal but not provably so.
+    strided = lax.slice(x, (0,) * x.ndim, x.shape, (1, *strides, 1))
     # (C, M) by way of (1, ..., C, M), the order the layout pass stores kernels in: XLA then
     # reads the stored kernel as it is instead of copying it on every call.
     matrix = jnp.moveaxis(w, 0, -1).reshape(w.shape[-1], w.shape[0]).astype(x.dtype)
