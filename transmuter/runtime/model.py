@@ -262,9 +262,15 @@ def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
         if not isinstance(value, (list, tuple)):
             raise InputError(f"input {name!r} expects {spec} (a list of dicts), got {type(value)}")
         return [_check_map(f"{name}[{i}]", v, spec.elem) for i, v in enumerate(value)]
+    if isinstance(spec, ir.SequenceType) and _holds_strings(spec.elem):
+        if isinstance(value, (list, tuple)):  # numpy string arrays become object arrays
+            return [_as_array(f"{name}[{i}]", v, spec.elem.dtype) for i, v in enumerate(value)]
     if not isinstance(spec, ir.TensorType):
-        return value  # sequences, optionals and undeclared types are taken as given
+        return value  # other sequences, optionals and undeclared types are taken as given
     value = _as_array(name, value, spec.dtype)
+    if value.dtype != spec.dtype and _narrowed_by_jax(value, spec.dtype):
+        with x64_scope():
+            value = value.astype(spec.dtype)
     if value.dtype != spec.dtype:
         raise InputError(
             f"input {name!r} expects {spec}, got {_got(value)}: cast it to {spec.dtype.name}"
@@ -278,6 +284,19 @@ def _check_input(name: str, value: Any, spec: ir.ValueType | None) -> Any:
             if isinstance(want, int) and want != have:
                 raise InputError(f"input {name!r} expects {spec}, got {_got(value)} (axis {axis})")
     return value
+
+
+def _narrowed_by_jax(value: Any, dtype: np.dtype) -> bool:
+    """Whether `value` is a JAX array (a caller's tracer included) of the 32-bit type that JAX,
+    with x64 off, makes of `dtype`: a caller's `jax.jit` turns int64 ids into int32 ones before
+    Transmuter sees them. Such a value is widened back, as it could hold nothing wider."""
+    if not isinstance(value, jax.Array) or jax.config.jax_enable_x64:
+        return False
+    return np.dtype(value.dtype) == jax.dtypes.canonicalize_dtype(dtype) != dtype
+
+
+def _holds_strings(spec: ir.ValueType | None) -> bool:
+    return isinstance(spec, ir.TensorType) and spec.dtype == np.dtype(object)
 
 
 def _got(value: Any) -> str:
@@ -309,10 +328,14 @@ def _check_map(name: str, value: Any, spec: ir.MapType) -> dict:
 
 
 # Which kinds of Python value may take a declared dtype of which kind ("f": any float type).
-_COMPATIBLE = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c", "U": "O", "O": "O"}
+_COMPATIBLE = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c", "O": "O"}
 
 
 def _as_array(name: str, value: Any, dtype: np.dtype) -> Any:
+    if dtype == np.dtype(object) and not isinstance(value, jax.Array):
+        array = np.asarray(value)
+        if array.dtype.kind in _STRING_KINDS:
+            return _as_str(name, array)
     if isinstance(value, np.ndarray) and not value.dtype.isnative:
         # A big-endian array (read from a file, say) holds the same values: make it native.
         return value.astype(value.dtype.newbyteorder("="))
@@ -328,3 +351,27 @@ def _as_array(name: str, value: Any, dtype: np.dtype) -> Any:
             f"input {name!r} expects {np.dtype(dtype).name}, got a Python {type(value).__name__}"
         )
     return array.astype(dtype)
+
+
+# numpy's string arrays: fixed-width unicode ("U"), fixed-width bytes ("S") and numpy 2's
+# StringDType ("T"). A string tensor holds Python str (an object array), so they are converted.
+_STRING_KINDS = ("U", "S", "T")
+
+
+def _as_str(name: str, array: np.ndarray) -> np.ndarray:
+    """A numpy string array as an object array of the same str. Bytes are UTF-8, as ONNX Runtime
+    reads them (it copies them raw and decodes its string outputs as UTF-8); numpy drops the
+    trailing NULs of fixed-width items, as ONNX Runtime does."""
+    if array.dtype.kind != "S":
+        return array.astype(object)
+    out = np.empty(array.shape, object)
+    for index, item in np.ndenumerate(array):
+        try:
+            out[index] = item.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(
+                f"input {name!r} holds {bytes(item)!r} at {list(index)}, which is not UTF-8 "
+                f"({error.reason}): string tensors hold text; pass str, decoding the bytes with "
+                "their encoding"
+            ) from None
+    return out
