@@ -9,6 +9,11 @@ params; `constants` become Constant nodes (never params, so values that decide s
 Resize's scales, stay on the host). The checked scalar is sum_k sum(output_k * r_k) over the
 float outputs, r_k fixed random arrays, so every output element's gradient is weighed.
 
+Every check also takes the gradient as a caller with x64 off does (`jax.enable_x64(False)`
+around `jax.grad`, as in a process with JAX's defaults): of the float32 copy of the model,
+equal to the float32 copy's gradient with x64 on (JAX lowers and transposes the caller's
+program after Transmuter's own x64 scope has closed).
+
 Finite differences are taken per element, not along one random direction as
 `jax.test_util.check_grads` does, so every partial derivative is checked and the size of the
 error is known.
@@ -192,4 +197,107 @@ def check_gradients(
             grads, values = jax.jit(lambda a, p: (grad(*a), at_points(p)))(args, points)
         error, where = gradient_error(grads, central_differences(values, steps, unravel))
     assert error < TOLERANCE, f"d/d {where} differs from finite differences by {error:.3g}"
+    check_x64_off(proto, feeds, key=key, eager=eager)
     return grads
+
+
+# float32 rounding through a few operators, relative to max(1, max |gradient|).
+FLOAT32_TOLERANCE = 1e-5
+
+
+def check_x64_off(proto: onnx.ModelProto, feeds: Mapping[str, Any], *, key: Any, eager: bool):
+    """Assert that the float32 copy of the model has the same gradients in a caller with x64
+    off as with x64 on."""
+    proto32 = as_float32(proto)
+    feeds32 = {
+        n: v.astype(np.float32) if np.asarray(v).dtype == np.float64 else v
+        for n, v in feeds.items()
+    }
+
+    def gradients():
+        model = transmuter.load(proto32, trainable=True)
+        floats = differentiable_inputs(feeds32)
+        loss = float32_loss(model, feeds32, key)
+        grad = jax.grad(loss, argnums=(0, 1))
+        run = grad if eager else jax.jit(grad)
+        return jax.tree.map(np.asarray, run(floats, dict(model.params)))
+
+    with jax.enable_x64(False):
+        off = gradients()
+    with jax.enable_x64(True):
+        on = gradients()
+    scale = max(1.0, max(float(np.max(np.abs(v), initial=0.0)) for v in jax.tree.leaves(on)))
+    for (path, got), want in zip(jax.tree.leaves_with_path(off), jax.tree.leaves(on)):
+        assert got.dtype == want.dtype == np.float32, f"{path}: {got.dtype}, {want.dtype}"
+        error = float(np.max(np.abs(got - want), initial=0.0)) / scale
+        assert error < FLOAT32_TOLERANCE, f"with x64 off, d/d {path} differs by {error:.3g}"
+
+
+def float32_loss(model: transmuter.Model, feeds: Mapping[str, Any], key: Any) -> Callable:
+    """`scalar_loss` in float32, whatever the caller's x64 setting."""
+    outputs = jax.eval_shape(lambda f: transmuter.run(model, f, key=key), feeds)
+    rng = np.random.default_rng(1)
+    readout = {
+        name: rng.uniform(0.5, 1.5, np.shape(v)).astype(np.float32)
+        for name, v in outputs.items()
+        if _is_float(v)
+    }
+
+    def loss(float_inputs: dict, params: dict) -> jax.Array:
+        out = transmuter.run(model, {**feeds, **float_inputs}, params=params, key=key)
+        return sum(jnp.sum(out[n].astype(jnp.float32) * w) for n, w in readout.items())
+
+    return loss
+
+
+# Attributes that name an element type (Cast's `to`, a random op's `dtype`, a normalization's
+# `stash_type`): they are retyped with the tensors.
+_TYPE_ATTRIBUTES = {"to", "dtype", "stash_type", "output_dtype"}
+
+
+# Normalizations whose statistics are float32 unless stash_type says otherwise: a float64 copy
+# computes them in float64 too.
+_STASHING = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"}
+DOUBLE = onnx.TensorProto.DOUBLE
+
+
+def as_float32(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model with every float64 type, tensor and type attribute made float32."""
+    return retyped(proto, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT)
+
+
+def retyped(proto: onnx.ModelProto, old: int, new: int) -> onnx.ModelProto:
+    """A copy of the model with every `old` element type (of values, tensors and the type
+    attributes) made `new`."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    _retype_graph(copy.graph, old, new)
+    return copy
+
+
+def _retype_graph(graph: onnx.GraphProto, old: int, new: int) -> None:
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type == old:
+            info.type.tensor_type.elem_type = new
+    for tensor in graph.initializer:
+        _retype_tensor(tensor, old, new)
+    for node in graph.node:
+        names = {attr.name for attr in node.attribute}
+        if node.op_type in _STASHING and "stash_type" not in names and new == DOUBLE:
+            node.attribute.append(helper.make_attribute("stash_type", DOUBLE))
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                _retype_tensor(attr.t, old, new)
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _retype_graph(attr.g, old, new)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _retype_graph(sub, old, new)
+            elif attr.name in _TYPE_ATTRIBUTES and attr.i == old:
+                attr.i = new
+
+
+def _retype_tensor(tensor: onnx.TensorProto, old: int, new: int) -> None:
+    if tensor.data_type == old:
+        array = numpy_helper.to_array(tensor).astype(dtypes.from_onnx(new))
+        tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))

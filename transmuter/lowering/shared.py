@@ -142,6 +142,30 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
     return axis % rank
 
 
+# ----------------------------------------------------------------------------------- indices
+
+_INT32 = np.iinfo(np.int32)
+
+
+def narrow_indices(indices, size=0):
+    """Device indices into an axis of `size` as int32: the index type JAX's gathers and scatters
+    mean the same by with x64 on or off. Their lowering rules (the index clamp) and their
+    transposes read the x64 flag when they run, and under a caller's `jax.grad` or `jax.jit`
+    that is after Transmuter's x64 scope has closed, where int64 indices break them. Values past
+    int32 saturate, so an index out of range stays out of range (clamped or dropped as before,
+    and seen by checkify). An axis longer than int32 counts keeps its indices as they are; host
+    indices are narrowed too, for they become constants of the same program."""
+    dtype = np.dtype(indices.dtype)
+    if dtype == np.int32 or (isinstance(size, int) and size > _INT32.max):
+        return indices
+    info = np.iinfo(dtype)
+    xp = np if isinstance(indices, (np.ndarray, np.generic)) else jnp
+    if info.min < _INT32.min or info.max > _INT32.max:
+        low, high = max(info.min, _INT32.min), min(info.max, _INT32.max)
+        indices = xp.clip(indices, dtype.type(low), dtype.type(high))
+    return indices.astype(np.int32)
+
+
 # ------------------------------------------------------------------------------ broadcasting
 
 

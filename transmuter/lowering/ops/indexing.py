@@ -20,18 +20,26 @@ import numpy as np
 
 from transmuter.errors import ShapeError
 from transmuter.lowering import op
-from transmuter.lowering.shared import array_module, host_module, host_scalar, normalize_axis
+from transmuter.lowering.shared import (
+    array_module,
+    host_module,
+    host_scalar,
+    narrow_indices,
+    normalize_axis,
+)
 
 
 def _wrap(xp, indices, size: int, what: str):
-    """Negative indices made positive; host indices are checked against [-size, size)."""
+    """Negative indices made positive; host indices are checked against [-size, size). For JAX,
+    as int32 (`narrow_indices`)."""
     if isinstance(indices, np.ndarray) and indices.size:
         low, high = int(indices.min()), int(indices.max())
         if low < -size or high >= size:
             raise ShapeError(
                 f"{what} holds {low if low < -size else high}, outside [-{size}, {size - 1}]"
             )
-    return xp.where(indices < 0, indices + size, indices)
+    wrapped = xp.where(indices < 0, indices + size, indices)
+    return wrapped if xp is np else narrow_indices(wrapped, size)
 
 
 def _strings_need_host_indices(ctx, strings, indices, position: int = 1) -> None:
@@ -100,7 +108,8 @@ def _gather_nd(data, indices, batch_dims: int):
         for j in range(k)
     ]
     rows = xp.broadcast_to(
-        xp.reshape(xp.arange(batch, dtype=indices.dtype), (batch, 1)), (batch, count)
+        xp.reshape(xp.arange(batch, dtype=columns[0].dtype if k else np.int32), (batch, 1)),
+        (batch, count),
     )
     index = (rows, *columns)
     if xp is np:
@@ -185,14 +194,16 @@ def _scatter_elements(data, indices, updates, axis: int, reduction: str, reducti
             f"ScatterElements indices {list(indices.shape)} and updates {list(updates.shape)} must "
             f"have equal shapes of the rank of data {list(data.shape)}"
         )
+    wrapped = _wrap(xp, indices, data.shape[axis], "ScatterElements indices")
+    index_dtype = wrapped.dtype
     index = []
     for d, n in enumerate(indices.shape):
         if d == axis:
-            index.append(_wrap(xp, indices, data.shape[axis], "ScatterElements indices"))
+            index.append(wrapped)
         else:
             shape = [1] * data.ndim
             shape[d] = n
-            index.append(xp.reshape(xp.arange(n, dtype=indices.dtype), shape))
+            index.append(xp.reshape(xp.arange(n, dtype=index_dtype), shape))
     unique = reduction == "mul" and _unique_along(indices, axis, data.shape[axis])
     return _update(data, tuple(index), updates, reduction, reductions, unique)
 
