@@ -15,7 +15,7 @@ import warnings
 
 import onnx.backend.test
 import pytest
-from expected_failures import EXPECTED_FAILURES, NONDETERMINISTIC
+from expected_failures import EXPECTED_FAILURES, NONDETERMINISTIC, TOLERANCES
 from onnx.backend.test.loader import load_model_tests
 
 from transmuter.backend import TransmuterBackend
@@ -26,11 +26,12 @@ DEVICES = ("cpu", "cuda")
 def suite_classes(module: str, categories: list[str]) -> dict[str, type[unittest.TestCase]]:
     """The suite's unittest classes for `categories` (e.g. "Node"), to put in a test module's
     namespace. A device the backend cannot use here (CUDA without a GPU) gets no cases at all,
-    rather than a skip for every case; the known failures are marked strict xfails."""
+    rather than a skip for every case; the known failures are marked strict xfails and the
+    cases in TOLERANCES compare with theirs."""
     with warnings.catch_warnings():
         # Building the node cases runs numpy on inf/nan on purpose (Cast overflow, log 0).
         warnings.simplefilter("ignore", RuntimeWarning)
-        suite = onnx.backend.test.BackendTest(TransmuterBackend, module)
+        suite = onnx.backend.test.BackendTest(TransmuterBackend, module, test_kwargs=TOLERANCES)
     absent = [d for d in DEVICES if not TransmuterBackend.supports_device(d.upper())]
     classes = {}
     for category in categories:
@@ -57,6 +58,12 @@ def expected_failure(name: str) -> str | None:
     if len(reasons) > 1:
         raise ValueError(f"{name} matches several EXPECTED_FAILURES entries: {reasons}")
     return reasons[0] if reasons else None
+
+
+def tolerance(case) -> tuple[float, float]:
+    """(rtol, atol) to compare `case`'s outputs with: its own, or its TOLERANCES entry's."""
+    override = TOLERANCES.get(case.name, {})
+    return override.get("rtol", case.rtol), override.get("atol", case.atol)
 
 
 @functools.cache

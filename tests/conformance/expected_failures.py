@@ -4,6 +4,8 @@ Keys are regular expressions searched in the test name (`test_abs_cpu`); values 
 Each listed case runs as a strict xfail: when a fix makes it pass, the suite fails until the
 entry is removed, so this list only shrinks. List genuine limitations here, not operators that
 are simply not written yet.
+
+TOLERANCES, at the end, holds the few cases compared with a tolerance other than their own.
 """
 
 # onnx on these cases: "non-deterministic and may not produce the same values in different
@@ -46,4 +48,22 @@ NONDETERMINISTIC: dict[str, str] = {
         "one XLA:CPU compile in about four returns NaN on this model's 1.3e19 activations "
         "(constant weights); eager and other compiles match the reference"
     ),
+}
+
+
+# Cases whose stored tolerance is tighter than the float32 rounding of their reference, keyed by
+# case name without the device (onnx's `test_kwargs`, which override the case's rtol/atol): each
+# with the tolerance and why. An entry says what a correct float32 result may differ by, never
+# that a wrong one is accepted.
+_FFT_NOISE = {
+    # The Nyquist row's imaginary parts are exactly 0 (float64: 7e-16). The expected 1.9e-7 there
+    # is numpy's complex64 FFT rounding; any float32 FFT may leave up to about eps * mean|x|
+    # (1.2e-7 * 49.5 = 5.9e-6) in them. jaxlib 0.10's FFT repeats numpy's 1.9e-7 bit for bit,
+    # 0.12's gives 0; both are within 1.5e-6 of float64 everywhere. The other outputs keep the
+    # case's rtol 1e-3.
+    "atol": 1e-5,
+}
+TOLERANCES: dict[str, dict[str, float]] = {
+    "test_dft_inverse": _FFT_NOISE,
+    "test_dft_inverse_opset19": _FFT_NOISE,
 }

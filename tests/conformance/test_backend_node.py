@@ -8,8 +8,14 @@ import re
 
 import numpy as np
 import pytest
-from conformance_suite import all_test_names, expected_failure, node_cases, suite_classes
-from expected_failures import EXPECTED_FAILURES
+from conformance_suite import (
+    all_test_names,
+    expected_failure,
+    node_cases,
+    suite_classes,
+    tolerance,
+)
+from expected_failures import EXPECTED_FAILURES, TOLERANCES
 from onnx.backend.test.runner import Runner
 
 from transmuter.backend import TransmuterBackend
@@ -34,6 +40,7 @@ def test_cases_the_runner_cannot_compare(case):
     """onnx's runner fails on sequence outputs holding 0-d tensors before looking at them (see
     expected_failures.py); compare those cases' outputs here, element by element."""
     rep = TransmuterBackend.prepare(case.model)
+    rtol, atol = tolerance(case)
     for inputs, expected in case.data_sets:
         outputs = rep.run(list(inputs))
         assert len(outputs) == len(expected)
@@ -42,13 +49,19 @@ def test_cases_the_runner_cannot_compare(case):
             assert isinstance(got, list) and len(got) == len(want)
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape
-                np.testing.assert_allclose(g, w, rtol=case.rtol, atol=case.atol)
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("pattern", sorted(EXPECTED_FAILURES))
 def test_expected_failure_names_a_case(pattern):
     """An entry that matches no case is stale (a renamed case, a typo): remove or fix it."""
     assert any(re.search(pattern, name) for name in all_test_names()), pattern
+
+
+@pytest.mark.parametrize("name", sorted(TOLERANCES))
+def test_tolerance_names_a_case(name):
+    """A TOLERANCES entry that names no node case is stale: remove or fix it."""
+    assert name in {c.name for c in node_cases()}, name
 
 
 def _rewritable_cases() -> list:
@@ -67,6 +80,7 @@ def test_cases_without_graph_passes(case):
     """The suite runs with `transmuter.load`'s default passes; these cases run with them off
     (`optimize=False`) too, so both paths stay conformant."""
     rep = TransmuterBackend.prepare(case.model, optimize=False)
+    rtol, atol = tolerance(case)
     for inputs, expected in case.data_sets:
         # onnx's own comparison, as the suite's runner makes it (bfloat16 and all).
-        Runner.assert_similar_outputs(list(expected), rep.run(list(inputs)), case.rtol, case.atol)
+        Runner.assert_similar_outputs(list(expected), rep.run(list(inputs)), rtol, atol)

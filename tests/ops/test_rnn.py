@@ -299,7 +299,12 @@ def test_activations_per_direction(op, rng):
 @pytest.mark.parametrize("name", ["LeakyRelu", "HardSigmoid", "Elu"])
 def test_activation_defaults(name, rng):
     # Missing alpha/beta take the standalone operator's default, as ORT does for these.
-    inputs = make_inputs("GRU", rng, initial=True)
+    # LeakyRelu and Elu as the gate function are unbounded: at scale 1 the state grows ~100x a
+    # step (7e7 at step 5), float32 rounding with it, and ORT's own result is then 1.03x the
+    # tolerance from float64 on an element of -1.29 among them. At scale 0.5 the state stays
+    # below 3, ORT and Transmuter are within 0.1x the tolerance of float64, and alpha = 0 instead
+    # of LeakyRelu's 0.01 still misses by 2,600x.
+    inputs = make_inputs("GRU", rng, initial=True, scale=0.5)
     check_node("GRU", inputs, attrs_for(inputs, activations=[name, "Tanh"]), opset=14, outputs=2)
 
 
