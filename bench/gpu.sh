@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks on a machine with an NVIDIA GPU (CUDA 12), from a fresh clone:
+# Benchmarks on a machine with an NVIDIA GPU, from a fresh clone:
 #   bash bench/gpu.sh [OUT_DIR]
 # Installs Transmuter with jax's CUDA plugin and onnxruntime-gpu into .venv-gpu, checks that both
 # see the GPU, then writes JSON results to OUT_DIR (default bench/gpu-results):
@@ -19,8 +19,11 @@ mkdir -p "$out"
 
 python3 -m venv .venv-gpu
 . .venv-gpu/bin/activate
+# JAX's CUDA 13 plugin where the driver supports CUDA 13, else its CUDA 12 one.
+cuda=$(nvidia-smi | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$')
+extra=$([ "${cuda:-0}" -ge 13 ] && echo cuda13 || echo cuda12)
 # Not the test extra: its onnxruntime (CPU) would shadow onnxruntime-gpu, one import name.
-pip install -e '.[cuda]' 'onnxruntime-gpu>=1.31'
+pip install -e ".[$extra]" 'onnxruntime-gpu>=1.31'
 
 python - <<'PY'
 import jax, onnxruntime
