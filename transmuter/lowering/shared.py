@@ -166,6 +166,42 @@ def narrow_indices(indices, size=0):
     return indices.astype(np.int32)
 
 
+def arg_extreme(x, axis: int, largest: bool = True, dtype=np.int64):
+    """The index (of integer type `dtype`) of the first largest (or smallest) value of `x` along
+    `axis`, a NaN counting as the extreme: the reduction `lax.argmax`/`argmin` lower to, with
+    every constant made here. Not `jnp.argmax`/`lax.argmax`: their lowering makes the initial
+    value and the index type of the reduction when the program is lowered, and under a caller's
+    `jax.jit` with x64 off (after Transmuter's x64 scope has closed) int64 indices and 64-bit
+    data come out 32-bit there, which fails to lower."""
+    value_type = np.dtype(x.dtype)
+    if value_type == np.bool_:
+        init = np.array(not largest)
+    elif jnp.issubdtype(value_type, jnp.integer):
+        info = np.iinfo(value_type)
+        init = np.array(info.min if largest else info.max, value_type)
+    else:
+        bound = np.array(np.inf, value_type)
+        if not np.isinf(float(bound)):  # no infinity in the type: its largest finite value
+            bound = np.array(jnp.finfo(value_type).max, value_type)
+        init = -bound if largest else bound
+    better = jax.lax.gt if largest else jax.lax.lt
+
+    def pick(candidate, kept):
+        (value, index), (kept_value, kept_index) = candidate, kept
+        # The candidate's value if better or NaN; its index also on a tie with a lower index.
+        take_value = better(value, kept_value) | (value != value)
+        take_index = take_value | ((value == kept_value) & (index < kept_index))
+        return (
+            jax.lax.select(take_value, value, kept_value),
+            jax.lax.select(take_index, index, kept_index),
+        )
+
+    index = jax.lax.broadcasted_iota(dtype, x.shape, axis)
+    # An index has no gradient (and JAX's derivative of a variadic reduce is undefined).
+    x = jax.lax.stop_gradient(x)
+    return jax.lax.reduce((x, index), (init, np.array(0, dtype)), pick, (axis,))[1]
+
+
 # ------------------------------------------------------------------------------ broadcasting
 
 

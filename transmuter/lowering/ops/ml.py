@@ -23,6 +23,7 @@ import numpy as np
 
 from transmuter.errors import ShapeError
 from transmuter.lowering import op, variant
+from transmuter.lowering.shared import arg_extreme
 
 ML = "ai.onnx.ml"
 
@@ -336,7 +337,7 @@ def linear_classifier(
                 f"LinearClassifier: {len(labels)} class labels for {scores.shape[1]} score columns"
             )
         scores = apply_post_transform("LinearClassifier", scores, post_transform)
-        best = jnp.argmax(scores, axis=1)
+        best = arg_extreme(scores, 1)  # not jnp.argmax (see arg_extreme)
     if labels.dtype == object:
         return labels[np.asarray(best)], scores.astype(jnp.float32)
     return jnp.asarray(labels)[best], scores.astype(jnp.float32)

@@ -23,6 +23,7 @@ from transmuter.lowering.ops.ml import (
     as_rows,
     class_labels,
 )
+from transmuter.lowering.shared import arg_extreme
 
 _KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
 _HIGHEST = lax.Precision.HIGHEST  # no reduced-precision (TF32) products on accelerators
@@ -162,7 +163,7 @@ def _liblinear(op_type, X, coefs, rho, classes, kernel_type, post_transform):
     weights = coefs.reshape(classes, -1)
     x = _features(op_type, X, weights.shape[1])
     scores = jnp.matmul(x, jnp.asarray(weights.T), precision=_HIGHEST) + rho[0]
-    best = jnp.argmax(scores, axis=1)
+    best = arg_extreme(scores, 1)  # not jnp.argmax (see arg_extreme)
     if classes == 2:
         # ONNX Runtime's ChooseClass without probabilities.
         high = jnp.max(scores, axis=1)
@@ -207,7 +208,7 @@ def _libsvm(op_type, X, coefs, rho, per_class, vectors, kernel_type, kernel_para
     votes = won @ jax.nn.one_hot(first, classes, dtype=jnp.int32) + (1 - won) @ jax.nn.one_hot(
         second, classes, dtype=jnp.int32
     )
-    best = jnp.argmax(votes, axis=1)  # the first class with the most votes
+    best = arg_extreme(votes, 1)  # the first class with the most votes
     if prob_a.size:
         pairwise = 1 - _logistic(decision * prob_a[:pairs] + prob_b[:pairs])
         pairwise = jnp.clip(pairwise, np.float32(1e-7), np.float32(1 - 1e-7))

@@ -32,6 +32,7 @@ from transmuter.lowering.ops.ml import (
     as_rows,
     class_labels,
 )
+from transmuter.lowering.shared import arg_extreme
 
 # Modes 0..5 (BRANCH_LEQ, LT, GTE, GT, EQ, NEQ) as TreeEnsemble-5 numbers them; 6 is BRANCH_MEMBER.
 _COMPARE = (jnp.less_equal, jnp.less, jnp.greater_equal, jnp.greater, jnp.equal, jnp.not_equal)
@@ -586,7 +587,7 @@ def _multiclass(sums, named, base, post_transform, op_type):
     padded[: base.size] = base
     scores = sums + jnp.asarray(padded, sums.dtype)
     scored = named | jnp.asarray(np.arange(n) < base.size)
-    best = jnp.argmax(jnp.where(scored, scores, -jnp.inf), axis=1)
+    best = arg_extreme(jnp.where(scored, scores, -jnp.inf), 1)  # not jnp.argmax (see arg_extreme)
     return best, apply_post_transform(op_type, scores, post_transform)
 
 

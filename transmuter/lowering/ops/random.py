@@ -19,12 +19,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from transmuter import dtypes
 from transmuter.errors import ShapeError, TransmuterError, UnsupportedOpError
 from transmuter.lowering import op
-from transmuter.lowering.shared import host_scalar
+from transmuter.lowering.shared import arg_extreme, host_scalar
 
 _FLOATS = frozenset(dtypes.from_onnx(code) for code in (1, 10, 11, 16))
 # Bernoulli's T2: the float types, every integer type and bool.
@@ -154,11 +153,10 @@ def multinomial(ctx, input, *, dtype=6, sample_size=1, seed=None):
     if batch * sample_size == 0:
         return jnp.zeros((batch, sample_size), out)
     compute = _sampling_dtype(logits.dtype)
-    # Gumbel-max, as jax.random.categorical does, but with lax.argmax's int32 index: the int64
-    # argmax inside categorical fails to lower under a caller's jax.jit with x64 off.
+    # Gumbel-max, as jax.random.categorical does, but with `arg_extreme`: the int64 argmax
+    # inside categorical fails to lower under a caller's jax.jit with x64 off.
     noise = jax.random.gumbel(node_key(ctx, seed), (batch, sample_size, classes), compute)
-    samples = lax.argmax(noise + logits.astype(compute)[:, None, :], 2, np.int32)
-    return samples.astype(out)
+    return arg_extreme(noise + logits.astype(compute)[:, None, :], 2, dtype=out)
 
 
 # ------------------------------------------------------------------------------------ dropout

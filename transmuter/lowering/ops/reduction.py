@@ -20,7 +20,13 @@ from transmuter import dtypes
 from transmuter.dtypes import accumulation_dtype
 from transmuter.errors import ShapeError
 from transmuter.lowering import Attribute, op, variant
-from transmuter.lowering.shared import host_ints, host_scalar, normalize_axis, snake_case
+from transmuter.lowering.shared import (
+    arg_extreme,
+    host_ints,
+    host_scalar,
+    normalize_axis,
+    snake_case,
+)
 
 # -------------------------------------------------------------------------------- Reduce*
 
@@ -150,25 +156,32 @@ for _name, _attribute_versions, _input_versions, _kernel in _REDUCTIONS:
 # --------------------------------------------------------------------------- ArgMax/ArgMin
 
 
-def _arg(fn, data, axis: int, keepdims: int, select_last_index: int):
+def _arg(largest: bool, data, axis: int, keepdims: int, select_last_index: int):
     axis = normalize_axis(axis, data.ndim)
+    if data.shape[axis] == 0:
+        raise ShapeError(
+            f"Arg{'Max' if largest else 'Min'}: axis {axis} of input shape {list(data.shape)} is "
+            "empty, so it has no extreme"
+        )
     if select_last_index:
         # The first extreme of the reversed axis is the last one of the original.
-        found = fn(jnp.flip(data, axis), axis=axis, keepdims=bool(keepdims))
-        return (data.shape[axis] - 1 - found).astype(jnp.int64)
-    return fn(data, axis=axis, keepdims=bool(keepdims)).astype(jnp.int64)
+        data = jnp.flip(data, axis)
+    found = arg_extreme(data, axis, largest)  # not jnp.argmax (see arg_extreme)
+    if select_last_index:
+        found = data.shape[axis] - 1 - found
+    return jnp.expand_dims(found, axis) if keepdims else found
 
 
 @op("ArgMax", since=(12, 13))
 def arg_max(data, *, axis=0, keepdims=1, select_last_index=0):
     """ONNX ArgMax-12..13: int64 index of the first (or last) maximum along `axis`."""
-    return _arg(jnp.argmax, data, axis, keepdims, select_last_index)
+    return _arg(True, data, axis, keepdims, select_last_index)
 
 
 @op("ArgMin", since=(12, 13))
 def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
     """ONNX ArgMin-12..13: int64 index of the first (or last) minimum along `axis`."""
-    return _arg(jnp.argmin, data, axis, keepdims, select_last_index)
+    return _arg(False, data, axis, keepdims, select_last_index)
 
 
 arg_max_v1 = op("ArgMax", since=(1, 11))(variant(
@@ -195,7 +208,7 @@ def _log_softmax(x, axis):
 def _hardmax(x, axis):
     if x.shape[axis] == 0:
         return x
-    first_max = jnp.argmax(x, axis=axis)
+    first_max = arg_extreme(x, axis)
     return jax.nn.one_hot(first_max, x.shape[axis], axis=axis, dtype=x.dtype)
 
 
