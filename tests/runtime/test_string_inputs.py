@@ -28,19 +28,24 @@ FORM_PARAMS = [
 ]
 
 
+def label_encoder(strings: str, ids: str) -> onnx.NodeProto:
+    """KEYS[i] -> i, anything else -> -1."""
+    return helper.make_node(
+        "LabelEncoder",
+        [strings],
+        [ids],
+        domain="ai.onnx.ml",
+        keys_strings=KEYS,
+        values_int64s=list(range(len(KEYS))),
+        default_int64=-1,
+    )
+
+
 def string_model(shape) -> onnx.ModelProto:
     """phs: tensor(string) of `shape` -> the same strings, their LabelEncoder ids, phs == "a"."""
     nodes = [
         helper.make_node("Identity", ["phs"], ["same"]),
-        helper.make_node(
-            "LabelEncoder",
-            ["phs"],
-            ["ids"],
-            domain="ai.onnx.ml",
-            keys_strings=KEYS,
-            values_int64s=list(range(len(KEYS))),
-            default_int64=-1,
-        ),
+        label_encoder("phs", "ids"),
         helper.make_node("Equal", ["phs", "a"], ["is_a"]),
     ]
     graph = helper.make_graph(
@@ -133,15 +138,7 @@ def test_scalar_string_inputs(mode):
 def test_string_arrays_in_a_sequence_input(form, mode):
     nodes = [
         helper.make_node("SequenceAt", ["seq", "i"], ["phs"]),
-        helper.make_node(
-            "LabelEncoder",
-            ["phs"],
-            ["ids"],
-            domain="ai.onnx.ml",
-            keys_strings=KEYS,
-            values_int64s=list(range(len(KEYS))),
-            default_int64=-1,
-        ),
+        label_encoder("phs", "ids"),
     ]
     graph = helper.make_graph(
         nodes,

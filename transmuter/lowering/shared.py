@@ -147,9 +147,9 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
 _INT32 = np.iinfo(np.int32)
 
 
-def narrow_indices(indices, size=0):
-    """Device indices into an axis of `size` as int32: the index type JAX's gathers and scatters
-    mean the same by with x64 on or off. Their lowering rules (the index clamp) and their
+def narrow_indices(indices, size):
+    """Indices into an axis of `size`, for a JAX gather or scatter, as int32: the one index type
+    those work with whether x64 is on or off. Their lowering rules (the index clamp) and their
     transposes read the x64 flag when they run, and under a caller's `jax.grad` or `jax.jit`
     that is after Transmuter's x64 scope has closed, where int64 indices break them. Values past
     int32 saturate, so an index out of range stays out of range (clamped or dropped as before,
