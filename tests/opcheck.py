@@ -11,9 +11,8 @@ exports.
 
 from __future__ import annotations
 
-import functools
+import dis
 import inspect
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -127,24 +126,65 @@ def transmuter_runs(
 
 def eager_can_differ(model: onnx.ModelProto) -> bool:
     """Whether a node's lowering asks if a value is traced (`jax.core.Tracer`, or control flow's
-    `_concrete`), so that run eagerly it can take another path than compiled; an unsupported
-    node counts, for its error. The other lowerings run the same code either way, and an eager
-    run of them only repeats the compiled one op by op (a third of tests/ops' time)."""
+    `_concrete`), itself or through the functions it calls, so that run eagerly it can take
+    another path than compiled; an unsupported node counts, for its error. The other lowerings
+    run the same code either way, and an eager run of them only repeats the compiled one op by
+    op (a third of tests/ops' time)."""
     opsets = {o.domain: o.version for o in model.opset_import}
     for node in model.graph.node:
         try:
             fn = lookup(node.domain, node.op_type, opsets.get(node.domain, DEFAULT_OPSET)).fn
         except UnsupportedOpError:
             return True
-        if _asks_if_traced(fn.__module__):
+        if _asks_if_traced(fn, set()):
             return True
     return False
 
 
-@functools.cache
-def _asks_if_traced(module: str) -> bool:
-    source = inspect.getsource(sys.modules[module])
-    return "Tracer" in source or "_concrete(" in source
+_ASKING = {"Tracer", "_concrete"}
+
+
+def _asks_if_traced(fn: Any, seen: set) -> bool:
+    """Whether `fn`'s code, or a Transmuter function it calls by a global name or closes over,
+    names `Tracer` or `_concrete`."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    names, globals_ = _names(code)
+    if names & _ASKING:
+        return True
+    named = [fn.__globals__.get(n) for n in globals_]
+    named += [value for cell in fn.__closure__ or () for value in _contents(cell)]
+    return any(
+        _asks_if_traced(f, seen)
+        for f in named
+        if callable(f) and getattr(f, "__module__", "").startswith("transmuter.")
+    )
+
+
+def _names(code: Any) -> tuple[set[str], set[str]]:
+    """The names a code object and the functions nested in it use (globals and attributes
+    alike: `jax.core.Tracer`), and those of them it loads as globals."""
+    names, globals_ = set(code.co_names), set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            globals_.add(instruction.argval)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            inner = _names(const)
+            names |= inner[0]
+            globals_ |= inner[1]
+    return names, globals_
+
+
+def _contents(cell: Any) -> list:
+    """A closure cell's value, as a list of one; none while the variable is unbound."""
+    try:
+        return [cell.cell_contents]
+    except ValueError:
+        return []
 
 
 def assert_close(actual: Any, expected: Any, *, rtol: float, atol: float, what: str) -> None:

@@ -1,6 +1,6 @@
 """Layers point downwards only: runtime -> lowering -> ir <- frontend; only the front end
 imports onnx; the IR imports neither onnx nor jax; the pipelines sit on the public API (and
-the Hub code), not on the runtime's or the lowering's insides."""
+the Hub code), not on the runtime's or the lowering's insides; serving sits on the pipelines."""
 
 from __future__ import annotations
 
@@ -16,7 +16,21 @@ FORBIDDEN = {
     "frontend": {"jax", "transmuter.lowering", "transmuter.runtime"},
     "lowering": {"onnx", "transmuter.frontend", "transmuter.runtime"},
     "runtime": {"onnx", "transmuter.frontend"},
-    "pipelines": {"onnx", "transmuter.runtime", "transmuter.lowering", "transmuter.ir"},
+    "pipelines": {
+        "onnx",
+        "transmuter.runtime",
+        "transmuter.lowering",
+        "transmuter.ir",
+        "transmuter.serving",
+    },
+    # The serving layer sits on the pipelines and the public API, never below them.
+    "serving": {
+        "onnx",
+        "transmuter.frontend",
+        "transmuter.runtime",
+        "transmuter.lowering",
+        "transmuter.ir",
+    },
     "dtypes.py": {
         "onnx",
         "jax",

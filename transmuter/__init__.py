@@ -4,7 +4,8 @@
 makes a callable that keeps one compiled program per input shape; `save` writes a model back to
 ONNX with new weights; `export` makes one StableHLO program with symbolic dims (`write_export`
 puts it on disk). `load_repo` and `pipeline` (transmuter.pipelines, needing the `pipelines`
-extra) run whole Hugging Face repositories as tasks.
+extra) run whole Hugging Face repositories as tasks; `Serving` batches concurrent callers of
+one (transmuter.serving; `transmuter serve` puts it behind HTTP).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "Model",
     "ModelLoadError",
     "NodeError",
+    "Serving",
     "ShapeError",
     "TransmuterError",
     "UnsupportedOpError",
@@ -64,6 +66,10 @@ def __getattr__(name: str) -> Any:
         from transmuter import pipelines
 
         return getattr(pipelines, name)
+    if name == "Serving":
+        from transmuter.serving import Serving
+
+        return Serving
     raise AttributeError(f"module 'transmuter' has no attribute {name!r}")
 
 

@@ -114,6 +114,32 @@ def _parser() -> argparse.ArgumentParser:
             f"--int64-{which}", choices=("int64", "int32"), default="int64",
             help=f"int32 program {which} where ONNX says int64 (runs with x64 off)",
         )  # fmt: skip
+    serve = commands.add_parser(
+        "serve", help="serve a repository's task over HTTP (OpenAI's and TEI's APIs)",
+        description="serve a repository's task over HTTP (OpenAI's and TEI's APIs)",
+    )  # fmt: skip
+    serve.add_argument("repo", help="a model repository: a folder or hf://org/repo[@revision]")
+    serve.add_argument("--task", required=True, help="feature-extraction or text-classification")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--batch-size", type=int, default=8, help="items per device call")
+    serve.add_argument(
+        "--batch-timeout-ms", type=float, default=5.0,
+        help="how long a request waits for others to batch with",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-queue", type=int, default=1024,
+        help="requests waiting beyond the running batch before 429s",
+    )  # fmt: skip
+    serve.add_argument("--max-client-batch-size", type=int, default=32, help="items a request")
+    serve.add_argument("--dtype", help="transformers.js weight files: fp32, fp16, q8, q4, q4f16")
+    serve.add_argument("--model-id", help="the name clients give as model (default: the folder's)")
+    serve.add_argument(
+        "--no-warmup", dest="warmup", action="store_false",
+        help="take traffic at once instead of compiling the batch sizes first",
+    )  # fmt: skip
+    serve.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    serve.set_defaults(command=serve_)
     return parser
 
 
@@ -349,6 +375,28 @@ def _median_ms(fn, runs: int) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def serve_(args) -> int:
+    try:
+        import uvicorn
+
+        from transmuter.serving import http
+    except ImportError as exc:
+        print(f"error: transmuter serve needs the serve extra ({exc.name} is not installed): "
+              "pip install 'transmuter[serve]'", file=sys.stderr)  # fmt: skip
+        return 1
+    repo = transmuter.load_repo(args.repo, dtype=args.dtype)
+    model_id = args.model_id or args.repo.rstrip("/").split("/")[-1].split("@")[0]
+    server = http.Server(
+        repo, args.task, model_id=model_id, batch_size=args.batch_size,
+        batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue,
+        max_client_batch_size=args.max_client_batch_size,
+    )  # fmt: skip
+    _progress(f"serving {model_id!r} ({args.task}) on http://{args.host}:{args.port}")
+    uvicorn.run(http.app(server, warmup=args.warmup), host=args.host, port=args.port,
+                log_level="warning")  # fmt: skip
+    return 0
 
 
 def export_(args) -> int:

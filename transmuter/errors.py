@@ -49,3 +49,11 @@ class HostValueNeeded(TransmuterError):
 
 class CacheError(TransmuterError):
     """The persistent compile cache (cache_dir) holds an entry that does not fit its program."""
+
+
+class Overloaded(TransmuterError):
+    """A `Serving` queue is full (max_queue requests waiting): retry later."""
+
+
+class ServingClosed(TransmuterError):
+    """The `Serving` was closed and takes no new requests."""

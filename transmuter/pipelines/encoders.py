@@ -37,7 +37,7 @@ class Encoder:
             )
         self.batch_size = batch_size
         self.pad_id = _pad_id(repo, self.tokenizer)
-        limit = repo.config.get("max_position_embeddings")
+        self.limit = limit = repo.config.get("max_position_embeddings")
         if limit and self.tokenizer.truncation is None:
             # Past the model's positions the embedding lookup would fail: cut as transformers'
             # tokenizers do (keeping the special tokens the post-processor adds).
@@ -49,6 +49,11 @@ class Encoder:
         if not all(isinstance(t, str) for t in texts):
             raise InputError("the inputs must be strings, or a list of strings")
         return self.tokenizer.encode_batch(list(texts))
+
+    def sequence_bucket(self, text: str) -> int:
+        """The padded length `text` runs at (tokens rounded up to a multiple of 16): texts of
+        one bucket batch together without padding each other further."""
+        return -(-len(self.encode([text])[0].ids) // 16) * 16
 
     def run(self, encodings: Sequence[Any], output: str) -> list[np.ndarray]:
         """`output` for each encoding, its padding cut off along the sequence when it has one."""
@@ -77,7 +82,11 @@ class Encoder:
     def _call(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         if self._compiled is None:
             self._compiled = transmuter.compile(
-                self.model, inputs, buckets=self._buckets(), pad_values=self._pad_values()
+                self.model,
+                inputs,
+                buckets=self._buckets(),
+                pad_values=self._pad_values(),
+                cache_size=self._programs(),
             )
         return self._compiled(inputs)
 
@@ -89,6 +98,14 @@ class Encoder:
         if len(names) != 2 or "attention_mask" not in self.model.inputs:
             return None
         return {names[0]: "pow2", names[1]: ("multiple", 16)}
+
+    def _programs(self) -> int:
+        """Room for every (batch, sequence) bucket traffic can reach: batches of 1, 2, 4, ...
+        up to batch_size, sequences by 16 up to the model's positions (512 where the config
+        does not say). Fewer would evict and recompile programs that varied traffic needs
+        again."""
+        batches = (self.batch_size - 1).bit_length() + 1
+        return batches * -(-(self.limit or 512) // 16)
 
     def _pad_values(self) -> dict[str, int] | None:
         return {"input_ids": self.pad_id} if self._buckets() else None
@@ -129,6 +146,10 @@ class FeatureExtraction:
         outputs = self.encoder.model.outputs
         self.output = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
 
+    def batch_key(self, text: str) -> int:
+        """`Serving` batches texts of one sequence bucket together."""
+        return self.encoder.sequence_bucket(text)
+
     def __call__(self, inputs: str | Sequence[str]) -> Any:
         texts, single = _as_list(inputs)
         hidden = self.encoder.run(self.encoder.encode(texts), self.output)
@@ -139,6 +160,27 @@ class FeatureExtraction:
         if self.normalize:
             pooled = _normalized(pooled)
         return pooled[0] if single else pooled
+
+
+# sentence-transformers' pooling modes (1_Pooling/config.json) by FeatureExtraction's names.
+_POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+_NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
+
+
+def sentence_embedding(repo: Repo) -> dict[str, Any]:
+    """FeatureExtraction's `pooling` and `normalize` for `repo`'s sentence embeddings: as its
+    sentence-transformers files say (the mode set in 1_Pooling/config.json, a Normalize module
+    in modules.json), else mean pooling, normalized."""
+    if not repo.pooling:
+        return {"pooling": "mean", "normalize": True}
+    modes = sorted(k for k, v in repo.pooling.items() if k.startswith("pooling_mode") and v)
+    if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+        raise ModelLoadError(
+            f"{repo.source}: 1_Pooling/config.json sets {modes}; Transmuter pools by exactly "
+            f"one of {sorted(_POOLING_MODES)}"
+        )
+    normalize = any(m.get("type") == _NORMALIZE_MODULE for m in repo.modules if isinstance(m, dict))
+    return {"pooling": _POOLING_MODES[modes[0]], "normalize": normalize}
 
 
 def _normalized(x: np.ndarray) -> np.ndarray:
@@ -169,6 +211,14 @@ class TextClassification:
             or len(repo.config.get("id2label") or {}) == 1
         )
 
+    def batch_key(self, text: str) -> int:
+        """`Serving` batches texts of one sequence bucket together."""
+        return self.encoder.sequence_bucket(text)
+
+    def single(self, rows: list) -> Any:
+        """What one text (not a list) gets, from the rows of a list of one."""
+        return rows if self.top_k == 1 else rows[0]
+
     def __call__(self, inputs: str | Sequence[str]) -> Any:
         texts, single = _as_list(inputs)
         logits = self.encoder.run(self.encoder.encode(texts), "logits")
@@ -179,9 +229,7 @@ class TextClassification:
             order = np.argsort(-scores, kind="stable")[: self.top_k]
             ranked = [{"label": labels[i], "score": float(scores[i])} for i in order]
             results.append(ranked[0] if self.top_k == 1 else ranked)
-        if self.top_k == 1:
-            return results  # transformers: [{"label", "score"}] for one text too
-        return results[0] if single else results
+        return self.single(results) if single else results
 
 
 class TokenClassification:
@@ -192,6 +240,10 @@ class TokenClassification:
     def __init__(self, repo: Repo, *, ignore_labels: Sequence[str] = ("O",), batch_size: int = 8):
         self.encoder = Encoder(repo, "token-classification", batch_size)
         self.ignore = set(ignore_labels)
+
+    def batch_key(self, text: str) -> int:
+        """`Serving` batches texts of one sequence bucket together."""
+        return self.encoder.sequence_bucket(text)
 
     def __call__(self, inputs: str | Sequence[str]) -> Any:
         texts, single = _as_list(inputs)

@@ -21,7 +21,15 @@ import transmuter
 from transmuter.errors import ModelLoadError
 from transmuter.frontend import hub
 
-CONFIGS = ("config.json", "generation_config.json", "preprocessor_config.json")
+CONFIGS = (
+    "config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer_config.json",
+    # sentence-transformers: the modules after the model (pooling, normalization).
+    "modules.json",
+    "1_Pooling/config.json",
+)
 TOKENIZER = "tokenizer.json"
 # The ONNX files by role, as Optimum names them.
 ROLES = {
@@ -38,8 +46,9 @@ FOLDERS = ("", "onnx/")
 
 @dataclass
 class Repo:
-    """A model repository's files. `config`, `generation_config` and `preprocessor_config` are
-    the JSON files ({} where absent); `onnx` maps a role ("model", "encoder", "decoder",
+    """A model repository's files. `config`, `generation_config`, `preprocessor_config` and
+    `tokenizer_config` are the JSON files ({} where absent); `modules` and `pooling` are
+    sentence-transformers' modules.json ([] where absent) and 1_Pooling/config.json; `onnx` maps a role ("model", "encoder", "decoder",
     "decoder_with_past", "decoder_merged") to its local file; `tokenizer` is a
     `tokenizers.Tokenizer` or None."""
 
@@ -48,6 +57,9 @@ class Repo:
     generation_config: dict[str, Any]
     preprocessor_config: dict[str, Any]
     onnx: dict[str, Path]
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    modules: list[Any] = field(default_factory=list)
+    pooling: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
     found: list[str] = field(default_factory=list)  # every file found, for error messages
     _models: dict[str, transmuter.Model] = field(default_factory=dict, repr=False)
@@ -107,6 +119,9 @@ def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
         generation_config=_json(local.get("generation_config.json")),
         preprocessor_config=_json(local.get("preprocessor_config.json")),
         onnx=onnx,
+        tokenizer_config=_json(local.get("tokenizer_config.json")),
+        modules=_json(local.get("modules.json"), list),
+        pooling=_json(local.get("1_Pooling/config.json")),
         tokenizer=_tokenizer(local.get(TOKENIZER)),
         found=found,
     )
@@ -149,15 +164,19 @@ def _hub_repo(source: str) -> tuple[str, str | None]:
     return file.repo, file.revision
 
 
-def _json(path: Path | None) -> dict[str, Any]:
+def _json(path: Path | None, kind: type = dict) -> Any:
+    """The JSON file at `path` holding a `kind` (an object; modules.json holds a list)."""
     if path is None:
-        return {}
+        return kind()
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: not a JSON file ({exc})") from None
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path}: a config is a JSON object, not {type(value).__name__}")
+    if not isinstance(value, kind):
+        raise ModelLoadError(
+            f"{path}: expected a JSON {'object' if kind is dict else 'array'}, "
+            f"not {type(value).__name__}"
+        )
     return value
 
 
