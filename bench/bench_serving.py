@@ -1,5 +1,5 @@
-"""Serving embeddings: requests per second and latency with `transmuter.Serving` batching
-concurrent callers, against the same requests served one at a time.
+"""Serving: requests per second and latency with `transmuter.Serving` batching concurrent
+callers, against the same requests served one at a time; embeddings and generation.
 
     python bench/make_minilm.py && python bench/bench_serving.py [--requests 256] [--rounds 3]
 
@@ -11,6 +11,12 @@ threads sharing the requests, each waiting for its answer before sending the nex
 one `Serving` (batch_size 16, batch_timeout_ms 5). Every program is compiled before timing
 (the pipeline's sequence buckets at batch sizes 1..16). Rounds alternate the ways; the table
 has each way's median over rounds of requests per second and of its p50 / p99 latency.
+
+Generation: greedy completions of 32 new tokens on the GPT-2 and Llama fixtures
+(tests/fixtures/pipelines; tiny random weights), 48 prompts, one at a time against 4 and 16
+clients through one `Serving` (requests with the same options batch into one generation;
+there is no continuous batching yet: a batch runs to its longest answer). Tokens per second
+and p50 / p99 request latency.
 """
 
 from __future__ import annotations
@@ -102,6 +108,26 @@ def bench(repo: Path, requests: list[str], rounds: int) -> dict:
             for name, rows in results.items()}  # fmt: skip
 
 
+def bench_generation(repo: Path, rounds: int) -> dict:
+    pipeline = transmuter.pipeline("text-generation", repo)
+    prompts = [pipeline.tokenizer.encode(t).ids for t in texts(48, seed=1)]
+    options = {"max_new_tokens": 32, "do_sample": False}
+    results: dict[str, list[dict]] = {}
+    with transmuter.Serving(pipeline.generate, batch_size=16, batch_timeout_ms=5) as serving:
+        serving.warmup(prompts[:1], **options)
+        alone = lambda ids: pipeline.generate([ids], **options)  # noqa: E731
+        batched = lambda ids: serving([ids], **options)  # noqa: E731
+        ways = {"one at a time": (alone, 1), "Serving, 4 clients": (batched, 4),
+                "Serving, 16 clients": (batched, 16)}  # fmt: skip
+        for _ in range(rounds):
+            for name, (call, clients) in ways.items():
+                row = timed(call, prompts, clients)
+                row["tokens/s"] = row.pop("rps") * options["max_new_tokens"]
+                results.setdefault(name, []).append(row)
+    return {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            for name, rows in results.items()}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256)
@@ -120,6 +146,15 @@ def main() -> None:
             for way, row in table.items():
                 print(f"| {way} | {row['rps']:.1f} | {row['rps'] / base:.2f} | {row['p50']:.1f} "
                       f"| {row['p99']:.1f} | {row['items per call']:.1f} |")  # fmt: skip
+    pipelines = FIXTURE.parent
+    for name in ("gpt2", "llama"):
+        table = bench_generation(pipelines / name, args.rounds)
+        base = table["one at a time"]["tokens/s"]
+        print(f"\ngeneration, {name} fixture, 32 greedy tokens a request\n| way | tokens/s | "
+              "x one at a time | p50 ms | p99 ms |\n|---|---|---|---|---|")  # fmt: skip
+        for way, row in table.items():
+            print(f"| {way} | {row['tokens/s']:.0f} | {row['tokens/s'] / base:.2f} | "
+                  f"{row['p50']:.0f} | {row['p99']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The HTTP server of `transmuter serve`: a pipeline behind `Serving`, on Starlette.
 
-Routes by task (`ROUTES`): OpenAI's `POST /v1/embeddings`, text-embeddings-inference's
-`POST /embed`, `/predict` and `/tokenize`, and for every task `GET /v1/models`, `/health`
+Routes by task (`ROUTES`): OpenAI's `POST /v1/embeddings`, `/v1/completions` and
+`/v1/chat/completions` (completions.py), text-embeddings-inference's `POST /embed`, `/predict`
+and `/tokenize`, and for every task `GET /v1/models`, `/health`
 (200 once warmed up, 503 before) and `/metrics` (Prometheus' text format). Errors use OpenAI's
 shape `{"error": {"message", "type", "param", "code"}}`: 400 for bad requests naming the field,
 404 for an unknown model, 413 past `max_client_batch_size`, 429 with Retry-After when the queue
@@ -14,11 +15,11 @@ import asyncio
 import base64
 import contextlib
 import itertools
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -31,29 +32,9 @@ from transmuter import telemetry
 from transmuter.errors import InputError, Overloaded, ServingClosed
 from transmuter.pipelines import Repo, pipeline
 from transmuter.pipelines.encoders import sentence_embedding
+from transmuter.serving.api import ApiError, flag, json_body
 from transmuter.serving.batching import Serving
-
-
-class ApiError(Exception):
-    """A request the server refuses: its HTTP status and OpenAI's error fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-        headers: dict | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        body = {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, self.status, headers=self.headers)
+from transmuter.serving.completions import chat_completions, completions
 
 
 class Metrics:
@@ -79,6 +60,9 @@ class Metrics:
         )  # fmt: skip
         self.tokens = Counter(
             "transmuter_prompt_tokens", "tokens of the requests' inputs", registry=self.registry
+        )
+        self.generated = Counter(
+            "transmuter_generated_tokens", "tokens generated", registry=self.registry
         )
         self.events = {
             "transmuter.compile.stop": Counter(
@@ -137,14 +121,21 @@ class Server:
         # Embeddings pool as the repo's sentence-transformers config says; normalizing is the
         # routes' (the repo's choice for OpenAI's, the request's for TEI's /embed).
         self.embedding = sentence_embedding(repo) if task == "feature-extraction" else {}
-        options = {**TASK_OPTIONS.get(task, {}), **self.embedding, "normalize": False}
-        if task != "feature-extraction":
-            del options["normalize"]
-        self.pipeline = pipeline(task, repo, batch_size=batch_size, **options)
+        options = {**TASK_OPTIONS.get(task, {}), **self.embedding}
+        if task == "feature-extraction":
+            options["normalize"] = False
+        generating = task == "text-generation"
+        if not generating:  # the pipeline's chunks as large as Serving's batches
+            options["batch_size"] = batch_size
+        self.pipeline = pipeline(task, repo, **options)
         self.tokenizer = repo.tokenizer
         self.max_client_batch_size = max_client_batch_size
+        config = repo.config
+        self.positions = config.get("max_position_embeddings", config.get("n_positions"))
+        eos = self.pipeline.defaults.get("eos_token_id") if generating else None
+        self.eos = {eos} if isinstance(eos, int) else set(eos or ())
         self.serving = Serving(
-            self.pipeline,
+            self._generate if generating else self.pipeline,
             batch_size=batch_size,
             batch_timeout_ms=batch_timeout_ms,
             max_queue=max_queue,
@@ -154,7 +145,20 @@ class Server:
 
     def warmup(self) -> int:
         """Compile the batch sizes for a short text before traffic; /health is 200 after."""
+        if self.task == "text-generation":
+            ids = self.tokenizer.encode("warm up").ids
+            return self.serving.warmup([ids], max_new_tokens=2, do_sample=False, stop=())
         return self.serving.warmup(["warm up"])
+
+    def _generate(self, prompts: list, *, seed: int | None = None, **options: Any) -> list:
+        """The new token ids of each prompt: what `Serving` batches for the completions."""
+        key = None if seed is None else jax.random.key(seed)
+        rows = self.pipeline.generate(prompts, key=key, **options)
+        self.metrics.generated.inc(sum(map(len, rows)))
+        return rows
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
     def close(self) -> None:
         self.serving.close()
@@ -211,41 +215,38 @@ class Server:
             return vectors
         return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
-    async def infer(self, texts: list[str]) -> Any:
+    def submit(self, items: list, **options: Any):
+        """`Serving.submit`, its refusals as ApiErrors."""
         try:
-            return await self.serving.infer(texts)
-        except Overloaded as error:
-            raise ApiError(429, str(error), code="queue_full", kind="server_error",
-                           headers={"Retry-After": "1"}) from None  # fmt: skip
-        except ServingClosed as error:
-            raise ApiError(503, str(error), code="shutting_down", kind="server_error",
-                           headers={"Retry-After": "5"}) from None  # fmt: skip
-        except InputError as error:
-            raise ApiError(400, str(error)) from None
+            return self.serving.submit(items, **options)
+        except (Overloaded, ServingClosed) as error:
+            raise self.error(error) from None
+
+    async def infer(self, items: list, **options: Any) -> Any:
+        try:
+            return await asyncio.wrap_future(self.submit(items, **options))
+        except (InputError, Overloaded, ServingClosed) as error:
+            raise self.error(error) from None
+
+    @staticmethod
+    def error(error: Exception) -> ApiError:
+        """The HTTP answer to an error of Serving or of a pipeline."""
+        if isinstance(error, Overloaded):
+            return ApiError(429, str(error), code="queue_full", kind="server_error",
+                            headers={"Retry-After": "1"})  # fmt: skip
+        if isinstance(error, ServingClosed):
+            return ApiError(503, str(error), code="shutting_down", kind="server_error",
+                            headers={"Retry-After": "5"})  # fmt: skip
+        if isinstance(error, InputError):
+            return ApiError(400, str(error))
+        return ApiError(500, f"{type(error).__name__}: {error}", kind="server_error")
 
 
 # -- routes -------------------------------------------------------------------------------------
 
 
-async def _body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as error:
-        raise ApiError(400, f"the body is not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
-def _flag(body: dict, field: str, default: bool) -> bool:
-    value = body.get(field, default)
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{field}' must be true or false", param=field)
-    return value
-
-
 async def openai_embeddings(server: Server, request: Request) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     server.check_model(body, required=True)
     texts, _ = server.texts(body, "input")
     encoding = body.get("encoding_format", "float")
@@ -255,7 +256,7 @@ async def openai_embeddings(server: Server, request: Request) -> JSONResponse:
     if "dimensions" in body:
         raise ApiError(400, "'dimensions' is not supported: the model's size is fixed",
                        param="dimensions")  # fmt: skip
-    counts = server.token_counts(texts, _flag(body, "truncate", False), "input")
+    counts = server.token_counts(texts, flag(body, "truncate", False), "input")
     vectors = np.asarray(await server.infer(texts), np.float32)
     vectors = server.normalized(vectors, server.embedding["normalize"])
     data = [
@@ -269,25 +270,25 @@ async def openai_embeddings(server: Server, request: Request) -> JSONResponse:
 
 
 async def tei_embed(server: Server, request: Request) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     texts, _ = server.texts(body, "inputs")
-    server.token_counts(texts, _flag(body, "truncate", False), "inputs")
+    server.token_counts(texts, flag(body, "truncate", False), "inputs")
     vectors = np.asarray(await server.infer(texts), np.float32)
-    return JSONResponse(server.normalized(vectors, _flag(body, "normalize", True)).tolist())
+    return JSONResponse(server.normalized(vectors, flag(body, "normalize", True)).tolist())
 
 
 async def tei_predict(server: Server, request: Request) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     texts, single = server.texts(body, "inputs")
-    server.token_counts(texts, _flag(body, "truncate", False), "inputs")
+    server.token_counts(texts, flag(body, "truncate", False), "inputs")
     ranked = await server.infer(texts)  # every label, best first (top_k=None)
     return JSONResponse(ranked[0] if single else ranked)
 
 
 async def tei_tokenize(server: Server, request: Request) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     texts, _ = server.texts(body, "inputs")
-    special = _flag(body, "add_special_tokens", True)
+    special = flag(body, "add_special_tokens", True)
     rows = []
     for encoding in server.tokenizer.encode_batch(texts, add_special_tokens=special):
         rows.append([
@@ -329,6 +330,11 @@ ROUTES: dict[str, dict[tuple[str, str], Handler]] = {
     },
     "text-classification": {
         ("POST", "/predict"): tei_predict,
+        ("POST", "/tokenize"): tei_tokenize,
+    },
+    "text-generation": {
+        ("POST", "/v1/completions"): completions,
+        ("POST", "/v1/chat/completions"): chat_completions,
         ("POST", "/tokenize"): tei_tokenize,
     },
 }
