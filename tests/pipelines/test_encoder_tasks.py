@@ -68,6 +68,23 @@ def test_text_classification_labels_and_scores():
     )
 
 
+def test_text_pairs_and_functions_to_apply():
+    classify = transmuter.pipeline("text-classification", REPOS / "bert-sst", top_k=None)
+    pair = {"text": "a question", "text_pair": "an answer"}
+    logits = classify(pair, function_to_apply="none")
+    scores = np.array([r["score"] for r in logits])
+    softmax = classify(pair)
+    np.testing.assert_allclose(
+        [r["score"] for r in softmax], np.exp(scores) / np.exp(scores).sum(), rtol=1e-5
+    )
+    sigmoid = classify([pair], function_to_apply="sigmoid")[0]
+    np.testing.assert_allclose([r["score"] for r in sigmoid], 1 / (1 + np.exp(-scores)), rtol=1e-5)
+    with pytest.raises(InputError, match="function_to_apply must be one of softmax, sigmoid"):
+        classify(pair, function_to_apply="relu")
+    with pytest.raises(InputError, match="text_pair"):
+        classify({"text": "only one"})
+
+
 def test_token_classification_entities():
     want = expected("bert-ner")
     tag = transmuter.pipeline("token-classification", REPOS / "bert-ner")
@@ -89,5 +106,7 @@ def test_bad_inputs_are_clear_errors():
         embed([])
     with pytest.raises(InputError, match="must be strings"):
         embed(["fine", 3])
+    with pytest.raises(InputError, match="must be strings; got"):
+        embed({"text": "a", "text_pair": "b"})  # pairs are text-classification's
     with pytest.raises(InputError, match="pooling must be"):
         transmuter.pipeline("feature-extraction", REPOS / "bert", pooling="max")

@@ -247,3 +247,59 @@ def test_sentence_transformers_pooling_is_followed(tmp_path, pipelines):
         np.testing.assert_allclose(vectors, cls, atol=1e-6)  # not normalized: no Normalize module
     finally:
         assert server.stop()
+
+
+def one_label_cross_encoder(folder: Path) -> Path:
+    """bert-sst with its logits cut to the first label: a one-label cross-encoder's shape."""
+    import onnx
+    from onnx import helper
+
+    repo = folder / "reranker"
+    shutil.copytree(REPOS / "bert-sst", repo)
+    model = onnx.load(repo / "model.onnx")
+    graph = model.graph
+    (logits,) = [o for o in graph.output if o.name == "logits"]
+    for node in graph.node:
+        node.output[:] = ["all_logits" if o == "logits" else o for o in node.output]
+    for name, value in (("starts", 0), ("ends", 1), ("axes", 1)):
+        graph.initializer.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
+    graph.node.append(helper.make_node("Slice", ["all_logits", "starts", "ends", "axes"],
+                                       ["logits"]))  # fmt: skip
+    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.save(model, repo / "model.onnx")
+    config = json.loads((repo / "config.json").read_text())
+    config.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    (repo / "config.json").write_text(json.dumps(config))
+    return repo
+
+
+def test_rerank_scores_pairs_best_first(tmp_path):
+    repo = one_label_cross_encoder(tmp_path)
+    classify = transmuter.pipeline("text-classification", repo, top_k=None)
+    query, texts = "a fox", ["the quick brown fox", "a lazy dog", "foxes and dogs"]
+    pairs = [{"text": query, "text_pair": t} for t in texts]
+    logits = [row[0]["score"] for row in classify(pairs, function_to_apply="none")]
+    server = Running(repo, "text-classification", "--no-warmup")
+    try:
+        raw = server.http.post("/rerank", json={"query": query, "texts": texts,
+                                                "raw_scores": True, "return_text": True})  # fmt: skip
+        order = np.argsort(logits)[::-1]
+        assert [r["index"] for r in raw.json()] == order.tolist()
+        np.testing.assert_allclose([r["score"] for r in raw.json()], np.sort(logits)[::-1],
+                                   rtol=1e-5)  # fmt: skip
+        assert [r["text"] for r in raw.json()] == [texts[i] for i in order]
+        scored = server.http.post("/rerank", json={"query": query, "texts": texts}).json()
+        np.testing.assert_allclose([r["score"] for r in scored],
+                                   1 / (1 + np.exp(-np.sort(logits)[::-1])), rtol=1e-5)  # fmt: skip
+        assert "text" not in scored[0]
+        # The pair template: [CLS] query [SEP] text [SEP], token types 0 then 1.
+        ids = classify.encoder.encode(pairs[:1])[0]
+        assert ids.type_ids[-1] == 1 and ids.type_ids[0] == 0
+    finally:
+        assert server.stop()
+    three = Running(REPOS / "bert-sst", "text-classification", "--no-warmup")
+    try:
+        refused = three.http.post("/rerank", json={"query": "q", "texts": ["t"]})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "not_a_reranker"
+    finally:
+        assert three.stop()

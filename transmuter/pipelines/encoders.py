@@ -36,6 +36,7 @@ class Encoder:
                 f"{self.model.inputs}"
             )
         self.batch_size = batch_size
+        self.pairs = task == "text-classification"
         self.pad_id = _pad_id(repo, self.tokenizer)
         self.limit = limit = repo.config.get("max_position_embeddings")
         if limit and self.tokenizer.truncation is None:
@@ -44,13 +45,13 @@ class Encoder:
             self.tokenizer.enable_truncation(limit)
         self._compiled = None
 
-    def encode(self, texts: Sequence[str]) -> list[Any]:
-        """Each text's tokenizer encoding (truncated to the model's positions)."""
-        if not all(isinstance(t, str) for t in texts):
-            raise InputError("the inputs must be strings, or a list of strings")
-        return self.tokenizer.encode_batch(list(texts))
+    def encode(self, texts: Sequence[Any]) -> list[Any]:
+        """Each text's tokenizer encoding (truncated to the model's positions); a pair
+        {"text", "text_pair"} (a cross-encoder's query and passage, as transformers'
+        text-classification takes them) encodes as the tokenizer's pair template."""
+        return self.tokenizer.encode_batch([_text_or_pair(t, self.pairs) for t in texts])
 
-    def sequence_bucket(self, text: str) -> int:
+    def sequence_bucket(self, text: Any) -> int:
         """The padded length `text` runs at (tokens rounded up to a multiple of 16): texts of
         one bucket batch together without padding each other further."""
         return -(-len(self.encode([text])[0].ids) // 16) * 16
@@ -122,9 +123,20 @@ def _pad_id(repo: Repo, tokenizer: Any) -> int:
     return 0  # masked out: any id in the vocabulary does
 
 
-def _as_list(inputs: Any) -> tuple[list[str], bool]:
-    """The texts, and whether one text (not a list) was given."""
-    if isinstance(inputs, str):
+def _text_or_pair(item: Any, pairs: bool) -> str | tuple[str, str]:
+    if isinstance(item, str):
+        return item
+    if pairs and isinstance(item, dict) and set(item) == {"text", "text_pair"}:
+        pair = (item["text"], item["text_pair"])
+        if all(isinstance(t, str) for t in pair):
+            return pair
+    wanted = 'strings or {"text", "text_pair"} pairs of strings' if pairs else "strings"
+    raise InputError(f"the inputs must be {wanted}; got {item!r}")
+
+
+def _as_list(inputs: Any) -> tuple[list[Any], bool]:
+    """The texts (or pairs), and whether one (not a list) was given."""
+    if isinstance(inputs, (str, dict)):
         return [inputs], True
     if isinstance(inputs, Sequence) and inputs:
         return list(inputs), False
@@ -198,10 +210,18 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+_SCORES = {
+    "softmax": _softmax,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "none": lambda x: x,
+}
+
+
 class TextClassification:
-    """Text -> [{"label", "score"}] as transformers' text-classification: softmax over the
-    labels (a sigmoid for one label or multi-label configs); the best label per text, or the
-    `top_k` best (None: all) as a list per text."""
+    """Text (or a {"text", "text_pair"} pair) -> [{"label", "score"}] as transformers'
+    text-classification: softmax over the labels (a sigmoid for one label or multi-label
+    configs; per call, `function_to_apply` "softmax", "sigmoid" or "none" for the logits); the
+    best label per text, or the `top_k` best (None: all) as a list per text."""
 
     def __init__(self, repo: Repo, *, top_k: int | None = 1, batch_size: int = 8):
         self.encoder = Encoder(repo, "text-classification", batch_size)
@@ -219,12 +239,18 @@ class TextClassification:
         """What one text (not a list) gets, from the rows of a list of one."""
         return rows if self.top_k == 1 else rows[0]
 
-    def __call__(self, inputs: str | Sequence[str]) -> Any:
+    def __call__(self, inputs: Any, *, function_to_apply: str | None = None) -> Any:
+        if function_to_apply is None:
+            function_to_apply = "sigmoid" if self.sigmoid else "softmax"
+        if function_to_apply not in _SCORES:
+            raise InputError(
+                f"function_to_apply must be one of {', '.join(_SCORES)}; got {function_to_apply!r}"
+            )
         texts, single = _as_list(inputs)
         logits = self.encoder.run(self.encoder.encode(texts), "logits")
         results = []
         for row in logits:
-            scores = 1 / (1 + np.exp(-row)) if self.sigmoid else _softmax(row)
+            scores = _SCORES[function_to_apply](row)
             labels = _labels(self.encoder.repo, len(scores))
             order = np.argsort(-scores, kind="stable")[: self.top_k]
             ranked = [{"label": labels[i], "score": float(scores[i])} for i in order]

@@ -1,8 +1,8 @@
 """The HTTP server of `transmuter serve`: a pipeline behind `Serving`, on Starlette.
 
 Routes by task (`ROUTES`): OpenAI's `POST /v1/embeddings`, `/v1/completions` and
-`/v1/chat/completions` (completions.py), text-embeddings-inference's `POST /embed`, `/predict`
-and `/tokenize`, and for every task `GET /v1/models`, `/health`
+`/v1/chat/completions` (completions.py), text-embeddings-inference's `POST /embed`, `/predict`,
+`/rerank` and `/tokenize`, and for every task `GET /v1/models`, `/health`
 (200 once warmed up, 503 before) and `/metrics` (Prometheus' text format). Errors use OpenAI's
 shape `{"error": {"message", "type", "param", "code"}}`: 400 for bad requests naming the field,
 404 for an unknown model, 413 past `max_client_batch_size`, 429 with Retry-After when the queue
@@ -194,9 +194,9 @@ class Server:
             raise ApiError(404, f"the model {model!r} does not exist; this server has "
                            f"{self.model_id!r}", param="model", code="model_not_found")  # fmt: skip
 
-    def token_counts(self, texts: list[str], truncate: bool, field: str) -> list[int]:
-        """Tokens per text (special tokens included); a text past the model's positions is a
-        400 unless `truncate`, as text-embeddings-inference has it."""
+    def token_counts(self, texts: list, truncate: bool, field: str) -> list[int]:
+        """Tokens per text or (query, passage) pair, special tokens included; one past the
+        model's positions is a 400 unless `truncate`, as text-embeddings-inference has it."""
         counts = []
         for i, encoding in enumerate(self.tokenizer.encode_batch(texts)):
             if encoding.overflowing and not truncate:
@@ -285,6 +285,29 @@ async def tei_predict(server: Server, request: Request) -> JSONResponse:
     return JSONResponse(ranked[0] if single else ranked)
 
 
+async def tei_rerank(server: Server, request: Request) -> JSONResponse:
+    """TEI's /rerank: a one-label cross-encoder's score of (query, text) for each text, best
+    first; the sigmoid of its logit, or the logit itself with raw_scores."""
+    body = await json_body(request)
+    query = body.get("query")
+    if not isinstance(query, str):
+        raise ApiError(400, "'query' must be a string", param="query")
+    texts, _ = server.texts(body, "texts")
+    labels = len(server.repo.config.get("id2label") or {})
+    if labels != 1:
+        raise ApiError(400, f"/rerank needs a cross-encoder with one label; this model has "
+                       f"{labels}", code="not_a_reranker")  # fmt: skip
+    server.token_counts([(query, t) for t in texts], flag(body, "truncate", False), "texts")
+    apply = "none" if flag(body, "raw_scores", False) else "sigmoid"
+    pairs = [{"text": query, "text_pair": t} for t in texts]
+    ranked = await server.infer(pairs, function_to_apply=apply)
+    scores = np.array([row[0]["score"] for row in ranked])
+    with_text = flag(body, "return_text", False)
+    results = [{"index": int(i), "score": float(scores[i]), **({"text": texts[i]} if with_text
+                else {})} for i in np.argsort(-scores, kind="stable")]  # fmt: skip
+    return JSONResponse(results)
+
+
 async def tei_tokenize(server: Server, request: Request) -> JSONResponse:
     body = await json_body(request)
     texts, _ = server.texts(body, "inputs")
@@ -330,6 +353,7 @@ ROUTES: dict[str, dict[tuple[str, str], Handler]] = {
     },
     "text-classification": {
         ("POST", "/predict"): tei_predict,
+        ("POST", "/rerank"): tei_rerank,
         ("POST", "/tokenize"): tei_tokenize,
     },
     "text-generation": {
