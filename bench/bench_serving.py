@@ -13,10 +13,10 @@ one `Serving` (batch_size 16, batch_timeout_ms 5). Every program is compiled bef
 has each way's median over rounds of requests per second and of its p50 / p99 latency.
 
 Generation: greedy completions of 32 new tokens on the GPT-2 and Llama fixtures
-(tests/fixtures/pipelines; tiny random weights), 48 prompts, one at a time against 4 and 16
-clients through one `Serving` (requests with the same options batch into one generation;
-there is no continuous batching yet: a batch runs to its longest answer). Tokens per second
-and p50 / p99 request latency.
+(tests/fixtures/pipelines; tiny random weights), 48 prompts, one at a time
+(`TextGeneration.generate`) against 4 and 16 clients of one `ContinuousGeneration` with 16
+slots (requests join the running decode batch and leave when done). Tokens per second and
+p50 / p99 request latency.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 
 import transmuter
 from transmuter import cpu
+from transmuter.pipelines.continuous import ContinuousGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_minilm import PATH as MINILM  # noqa: E402
@@ -80,8 +81,27 @@ def timed(call, requests: list[str], clients: int) -> dict:
             list(pool.map(one, requests))
     total = time.perf_counter() - start
     ms = np.array(latencies) * 1000
-    return {"rps": len(requests) / total, "p50": float(np.median(ms)),
+    return {"requests/s": len(requests) / total, "p50": float(np.median(ms)),
             "p99": float(np.percentile(ms, 99))}  # fmt: skip
+
+
+def medians(results: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each way's median over rounds of each figure."""
+    return {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            for name, rows in results.items()}  # fmt: skip
+
+
+def print_table(title: str, table: dict[str, dict], rate: str) -> None:
+    """A markdown table: each way's `rate`, its ratio to one at a time, p50 / p99 ms, and any
+    other figure the rows have."""
+    base = table["one at a time"][rate]
+    extra = [k for k in next(iter(table.values())) if k not in (rate, "p50", "p99")]
+    print(f"\n{title}\n| way | {rate} | x one at a time | p50 ms | p99 ms |"
+          + "".join(f" {k} |" for k in extra) + "\n" + "|---" * (5 + len(extra)) + "|")  # fmt: skip
+    for way, row in table.items():
+        cells = [row[rate], row[rate] / base, row["p50"], row["p99"], *(row[k] for k in extra)]
+        print(f"| {way} | " + " | ".join(f"{c:.2f}" if c < 10 else f"{c:.0f}" for c in cells)
+              + " |")  # fmt: skip
 
 
 def bench(repo: Path, requests: list[str], rounds: int) -> dict:
@@ -101,31 +121,32 @@ def bench(repo: Path, requests: list[str], rounds: int) -> dict:
             for name, (call, clients) in ways.items():
                 batches.clear()
                 row = timed(call, requests, clients)
-                row["items per call"] = len(requests) / max(len(batches), 1) if batches else 1.0
+                row["items per call"] = len(requests) / len(batches) if batches else 1.0
                 results.setdefault(name, []).append(row)
     transmuter.telemetry.detach("bench")
-    return {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            for name, rows in results.items()}  # fmt: skip
+    return medians(results)
 
 
 def bench_generation(repo: Path, rounds: int) -> dict:
     pipeline = transmuter.pipeline("text-generation", repo)
     prompts = [pipeline.tokenizer.encode(t).ids for t in texts(48, seed=1)]
     options = {"max_new_tokens": 32, "do_sample": False}
+    engine = ContinuousGeneration(pipeline, slots=16)
     results: dict[str, list[dict]] = {}
-    with transmuter.Serving(pipeline.generate, batch_size=16, batch_timeout_ms=5) as serving:
-        serving.warmup(prompts[:1], **options)
-        alone = lambda ids: pipeline.generate([ids], **options)  # noqa: E731
-        batched = lambda ids: serving([ids], **options)  # noqa: E731
-        ways = {"one at a time": (alone, 1), "Serving, 4 clients": (batched, 4),
-                "Serving, 16 clients": (batched, 16)}  # fmt: skip
-        for _ in range(rounds):
-            for name, (call, clients) in ways.items():
-                row = timed(call, prompts, clients)
-                row["tokens/s"] = row.pop("rps") * options["max_new_tokens"]
-                results.setdefault(name, []).append(row)
-    return {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            for name, rows in results.items()}  # fmt: skip
+    alone = lambda ids: pipeline.generate([ids], **options)  # noqa: E731
+    joined = lambda ids: engine.submit(ids, **options).result()  # noqa: E731
+    for ids in prompts:  # every prompt bucket compiled, both ways
+        alone(ids)
+        joined(ids)
+    ways = {"one at a time": (alone, 1), "continuous, 4 clients": (joined, 4),
+            "continuous, 16 clients": (joined, 16)}  # fmt: skip
+    for _ in range(rounds):
+        for name, (call, clients) in ways.items():
+            row = timed(call, prompts, clients)
+            row["tokens/s"] = row.pop("requests/s") * options["max_new_tokens"]
+            results.setdefault(name, []).append(row)
+    engine.close()
+    return medians(results)
 
 
 def main() -> None:
@@ -139,22 +160,10 @@ def main() -> None:
     requests = texts(args.requests)
     with tempfile.TemporaryDirectory() as folder:
         for name, repo in (("tiny BERT", FIXTURE), ("MiniLM-sized", minilm_repo(Path(folder)))):
-            table = bench(repo, requests, args.rounds)
-            base = table["one at a time"]["rps"]
-            print(f"\n{name}\n| way | requests/s | x one at a time | p50 ms | p99 ms | "
-                  "items per call |\n|---|---|---|---|---|---|")  # fmt: skip
-            for way, row in table.items():
-                print(f"| {way} | {row['rps']:.1f} | {row['rps'] / base:.2f} | {row['p50']:.1f} "
-                      f"| {row['p99']:.1f} | {row['items per call']:.1f} |")  # fmt: skip
-    pipelines = FIXTURE.parent
+            print_table(name, bench(repo, requests, args.rounds), "requests/s")
     for name in ("gpt2", "llama"):
-        table = bench_generation(pipelines / name, args.rounds)
-        base = table["one at a time"]["tokens/s"]
-        print(f"\ngeneration, {name} fixture, 32 greedy tokens a request\n| way | tokens/s | "
-              "x one at a time | p50 ms | p99 ms |\n|---|---|---|---|---|")  # fmt: skip
-        for way, row in table.items():
-            print(f"| {way} | {row['tokens/s']:.0f} | {row['tokens/s'] / base:.2f} | "
-                  f"{row['p50']:.0f} | {row['p99']:.0f} |")  # fmt: skip
+        table = bench_generation(FIXTURE.parent / name, args.rounds)
+        print_table(f"generation, {name} fixture, 32 greedy tokens a request", table, "tokens/s")
 
 
 if __name__ == "__main__":

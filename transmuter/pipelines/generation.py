@@ -101,13 +101,19 @@ class Decoder:
 
     def _prefill_step(self, params, ids, mask, positions, seen, step, key, *, length, settings):
         self.programs += 1
+        logits, past, past_mask = self.prefill_past(params, ids, mask, positions, length)
+        return choose(logits, seen, step, key, settings), past, past_mask
+
+    def prefill_past(self, params, ids, mask, positions, length: int):
+        """(Traced.) The prompt's last logits, and its keys and values written to the start of
+        a past buffer of `length` positions, with the buffer's mask."""
         batch, width = ids.shape
-        empty = {p: jnp.zeros((batch, *s[:1], 0, *s[1:]), d) for p, (s, d) in self._shapes()}
+        empty = {p: jnp.zeros((batch, *s[:1], 0, *s[1:]), d) for p, (s, d) in self.shapes()}
         out = transmuter.run(
             self.model, self._inputs(ids, mask, positions, empty, False), params=params
         )
         past = {}
-        for name, (shape, dtype) in self._shapes():
+        for name, (shape, dtype) in self.shapes():
             buffer = jnp.zeros((batch, shape[0], length, shape[1]), dtype)
             past[name] = jax.lax.dynamic_update_slice_in_dim(
                 buffer, out[self.presents[name]].astype(dtype), 0, axis=2
@@ -115,8 +121,21 @@ class Decoder:
         past_mask = jax.lax.dynamic_update_slice_in_dim(
             jnp.zeros((batch, length), mask.dtype), mask, 0, axis=1
         )
-        token = choose(out["logits"][:, -1], seen, step, key, settings)
-        return token, past, past_mask
+        return out["logits"][:, -1], past, past_mask
+
+    def step_past(self, params, tokens, positions, slots, past, mask):
+        """(Traced.) One token for each row with the whole buffer as its past: the logits, and
+        the buffer with each row's new key and value written at its own `slots` index."""
+        batch, length = mask.shape
+        full = jnp.concatenate([mask, jnp.ones((batch, 1), mask.dtype)], axis=1)
+        inputs = self._inputs(tokens[:, None], full, positions[:, None], past, True)
+        out = transmuter.run(self.model, inputs, params=params)
+        rows = jnp.arange(batch)
+        updated = {}
+        for name in self.pasts:
+            new = out[self.presents[name]][:, :, length]  # the token's own key or value
+            updated[name] = past[name].at[rows, :, slots].set(new.astype(past[name].dtype))
+        return out["logits"][:, -1], updated, mask.at[rows, slots].set(1)
 
     def _decode_step(
         self, params, token, positions, seen, step, key, slot, past, mask, *, settings
@@ -145,7 +164,8 @@ class Decoder:
         present = {name: out[self.presents[name]] for name in self.pasts}
         return choose(out["logits"][:, -1], seen, step, key, settings), present
 
-    def _shapes(self):
+    def shapes(self):
+        """Each past input's name, and its (heads, head size) and dtype."""
         return [(p, self.past_shapes[p]) for p in self.pasts]
 
     # --- the loop (host) -------------------------------------------------------------------
@@ -220,7 +240,7 @@ class Decoder:
         mask = np.ones_like(ids)
         positions = np.arange(ids.shape[1], dtype=np.int64)[None]
         seen = self._seen(ids, settings)
-        past = {p: jnp.zeros((1, s[0], 0, s[1]), d) for p, (s, d) in self._shapes()}
+        past = {p: jnp.zeros((1, s[0], 0, s[1]), d) for p, (s, d) in self.shapes()}
         tracker = _Tracker(1, max_new, settings.eos, on_token and partial(_row, on_token, row))
         for index in range(max_new):
             token, past = self._exact(

@@ -1,8 +1,9 @@
 """OpenAI's `POST /v1/completions` and `/v1/chat/completions` on a text-generation pipeline.
 
-Requests with the same sampling options batch together through `Serving` (their prompts
-left-padded in one generation); a streamed request runs alone, sending server-sent events as
-its text grows, and stops generating when its client goes away. `temperature` 0 is greedy;
+Every prompt is a request of the server's continuous batch (`ContinuousGeneration`): it
+joins the running decode at the next step and leaves when done, with its own sampling options;
+a streamed one sends server-sent events as its text grows and stops generating when its client
+goes away. `temperature` 0 is greedy;
 `max_tokens`, `top_p`, `stop` (cut before, as OpenAI does), `seed` and `n` 1 are taken.
 """
 
@@ -90,7 +91,7 @@ async def completions(server: Server, request: Request) -> Any:
         if len(ids) > 1:
             raise ApiError(400, "stream takes one prompt", param="prompt")
         return _stream(server, ids[0], options, _Chunks(server, chat=False))
-    rows = await server.infer(ids, **options)
+    rows = await _generated(server, ids, options)
     choices = []
     for i, row in enumerate(rows):
         text, reason = _finish(server, row, options)
@@ -110,7 +111,7 @@ async def chat_completions(server: Server, request: Request) -> Any:
     options = _options(server, body, len(ids), None)
     if flag(body, "stream", False):
         return _stream(server, ids, options, _Chunks(server, chat=True))
-    (row,) = await server.infer([ids], **options)
+    (row,) = await _generated(server, [ids], options)
     text, reason = _finish(server, row, options)
     message = {"role": "assistant", "content": text}
     return JSONResponse({
@@ -119,6 +120,15 @@ async def chat_completions(server: Server, request: Request) -> Any:
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
         "usage": _usage([ids], [row]),
     })  # fmt: skip
+
+
+async def _generated(server: Server, prompts: list[list[int]], options: dict) -> list:
+    """Each prompt's new token ids, every prompt a request of the continuous batch."""
+    futures = [asyncio.wrap_future(server.generate(ids, **options)) for ids in prompts]
+    try:
+        return await asyncio.gather(*futures)
+    except Exception as error:
+        raise server.error(error) from None
 
 
 def _usage(prompts: list[list[int]], rows: list[list[int]]) -> dict:
@@ -168,7 +178,7 @@ def _stream(server: Server, ids: list[int], options: dict, chunk: _Chunks) -> St
             raise ClientGone("the client disconnected")
         loop.call_soon_threadsafe(pieces.put_nowait, piece)
 
-    future = server.submit([ids], on_token=on_token, **options)  # a full queue: 429 here
+    future = server.generate(ids, on_token=on_token, **options)  # a full queue: 429 here
     future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, _DONE))
 
     def event(data: Any) -> str:
@@ -183,7 +193,7 @@ def _stream(server: Server, ids: list[int], options: dict, chunk: _Chunks) -> St
                 if text := stop.feed(piece):
                     yield event(chunk(text, None))
             try:
-                (row,) = future.result()
+                row = future.result()
             except Exception as error:  # the generation failed after the stream began
                 yield event(server.error(error).body())
                 return

@@ -17,9 +17,9 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-import jax
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -31,6 +31,7 @@ from starlette.routing import Route
 from transmuter import telemetry
 from transmuter.errors import InputError, Overloaded, ServingClosed
 from transmuter.pipelines import Repo, pipeline
+from transmuter.pipelines.continuous import ContinuousGeneration
 from transmuter.pipelines.encoders import sentence_embedding
 from transmuter.serving.api import ApiError, flag, json_body
 from transmuter.serving.batching import Serving
@@ -40,7 +41,7 @@ from transmuter.serving.completions import chat_completions, completions
 class Metrics:
     """The server's Prometheus metrics, fed by its routes and by Transmuter's telemetry."""
 
-    def __init__(self, serving: Serving):
+    def __init__(self, queued: Callable[[], int]):
         self.registry = CollectorRegistry()
         labels = ("route", "status")
         self.requests = Counter(
@@ -53,7 +54,7 @@ class Metrics:
         self.queue = Gauge(
             "transmuter_queue_depth", "requests waiting for a batch", registry=self.registry
         )
-        self.queue.set_function(lambda: serving.queued)
+        self.queue.set_function(queued)
         self.batch = Histogram(
             "transmuter_batch_size", "items per pipeline call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry,
@@ -134,34 +135,46 @@ class Server:
         self.positions = config.get("max_position_embeddings", config.get("n_positions"))
         eos = self.pipeline.defaults.get("eos_token_id") if generating else None
         self.eos = {eos} if isinstance(eos, int) else set(eos or ())
-        self.serving = Serving(
-            self._generate if generating else self.pipeline,
-            batch_size=batch_size,
-            batch_timeout_ms=batch_timeout_ms,
-            max_queue=max_queue,
-        )
-        self.metrics = Metrics(self.serving)
+        # Generation batches continuously: a decode batch of batch_size slots that requests
+        # join and leave between steps. The other tasks batch concurrent requests by Serving.
+        if generating:
+            self.engine = ContinuousGeneration(self.pipeline, slots=batch_size, max_queue=max_queue)
+            self.serving = None
+        else:
+            self.serving = Serving(self.pipeline, batch_size=batch_size,
+                                   batch_timeout_ms=batch_timeout_ms, max_queue=max_queue)  # fmt: skip
+        self.ready = False  # after warmup(): /health is 200
+        self.metrics = Metrics(lambda: (self.serving or self.engine).queued)
         self.created = int(time.time())
 
-    def warmup(self) -> int:
-        """Compile the batch sizes for a short text before traffic; /health is 200 after."""
-        if self.task == "text-generation":
-            ids = self.tokenizer.encode("warm up").ids
-            return self.serving.warmup([ids], max_new_tokens=2, do_sample=False, stop=())
-        return self.serving.warmup(["warm up"])
+    def warmup(self) -> None:
+        """Compile before traffic (the batch sizes of a short text; generation's step and
+        short prompts' prefill); /health is 200 after."""
+        if self.serving is None:
+            self.engine.submit(self.tokenizer.encode("warm up").ids, max_new_tokens=2).result()
+        else:
+            self.serving.warmup(["warm up"])
+        self.ready = True
 
-    def _generate(self, prompts: list, *, seed: int | None = None, **options: Any) -> list:
-        """The new token ids of each prompt: what `Serving` batches for the completions."""
-        key = None if seed is None else jax.random.key(seed)
-        rows = self.pipeline.generate(prompts, key=key, **options)
-        self.metrics.generated.inc(sum(map(len, rows)))
-        return rows
+    def generate(self, prompt: list[int], **options: Any) -> Future:
+        """A generation's Future (its new token ids) from the continuous batch; refusals as
+        ApiErrors. Finished generations count their tokens in the metrics."""
+        try:
+            future = self.engine.submit(prompt, **options)
+        except (InputError, Overloaded, ServingClosed) as error:
+            raise self.error(error) from None
+        future.add_done_callback(self._count)
+        return future
+
+    def _count(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.metrics.generated.inc(len(future.result()))
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
     def close(self) -> None:
-        self.serving.close()
+        (self.serving or self.engine).close()
         self.metrics.close()
 
     # -- request checks shared by the routes --------------------------------------------------
@@ -215,16 +228,10 @@ class Server:
             return vectors
         return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
-    def submit(self, items: list, **options: Any):
-        """`Serving.submit`, its refusals as ApiErrors."""
-        try:
-            return self.serving.submit(items, **options)
-        except (Overloaded, ServingClosed) as error:
-            raise self.error(error) from None
-
     async def infer(self, items: list, **options: Any) -> Any:
+        """The pipeline's rows for `items`, batched with other requests by `Serving`."""
         try:
-            return await asyncio.wrap_future(self.submit(items, **options))
+            return await self.serving.infer(items, **options)
         except (InputError, Overloaded, ServingClosed) as error:
             raise self.error(error) from None
 
@@ -330,7 +337,7 @@ async def models(server: Server, request: Request) -> JSONResponse:
 
 
 async def health(server: Server, request: Request) -> JSONResponse:
-    if not server.serving.ready:
+    if not server.ready:
         return JSONResponse({"status": "warming up"}, 503, headers={"Retry-After": "5"})
     return JSONResponse({"status": "ok"})
 
@@ -392,7 +399,7 @@ def app(server: Server, *, warmup: bool = True) -> Starlette:
     async def lifespan(_app):
         # Warm up beside the first requests, so that /health answers 503 meanwhile.
         loop = asyncio.get_running_loop()
-        server.serving.ready = not warmup
+        server.ready = not warmup
         warming = loop.run_in_executor(None, server.warmup) if warmup else None
         yield
         if warming is not None:

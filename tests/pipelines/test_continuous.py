@@ -1,0 +1,106 @@
+"""Continuous batching (`ContinuousGeneration`): requests join a running decode batch of fixed
+slots and leave when done; each gets the tokens it gets alone from `TextGeneration.generate`
+(greedy, with its own repetition penalty and minimum length), streams and stops as it would
+alone; a seed repeats a sample; one step program serves every mix of requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import REPOS
+
+import transmuter
+from transmuter.errors import InputError, Overloaded, ServingClosed
+from transmuter.pipelines.continuous import ContinuousGeneration
+
+PROMPTS = ["Once upon a time", "Hello", "The quick brown fox jumps", "a",
+           "One two three four five six seven eight nine ten eleven twelve"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return transmuter.pipeline("text-generation", REPOS / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def engine(gpt2):
+    engine = ContinuousGeneration(gpt2, slots=3)
+    yield engine
+    engine.close()
+
+
+def alone(pipeline, ids, **options):
+    return pipeline.generate([ids], **{"do_sample": False, **options})[0]
+
+
+def test_requests_joining_and_leaving_get_their_tokens_alone(gpt2, engine):
+    ids = [gpt2.tokenizer.encode(p).ids for p in PROMPTS]
+    options = [{"max_new_tokens": n} for n in (20, 5, 33, 12, 40)]
+    options[1]["repetition_penalty"] = 1.3
+    options[3]["min_new_tokens"] = 12
+    futures = []
+    for i, (prompt, option) in enumerate(zip(ids, options)):
+        futures.append(engine.submit(prompt, do_sample=False, **option))
+        time.sleep(0.02 * i)  # later ones join a running batch; five requests, three slots
+    got = [f.result(120) for f in futures]
+    assert got == [alone(gpt2, p, **o) for p, o in zip(ids, options)]
+    before = engine.programs
+    assert engine.submit(ids[0], max_new_tokens=3).result(60) == got[0][:3]
+    assert engine.programs == before  # the step and the prompt buckets are compiled once
+
+
+def test_stop_strings_and_streaming_are_the_pipelines(gpt2, engine):
+    prompt = gpt2.tokenizer.encode(PROMPTS[0]).ids
+    text = gpt2.tokenizer.decode(alone(gpt2, prompt, max_new_tokens=20), skip_special_tokens=True)
+    stop = text[6:9]
+    pieces = []
+    got = engine.submit(prompt, max_new_tokens=20, stop=[stop],
+                        on_token=lambda row, piece: pieces.append(piece)).result(60)  # fmt: skip
+    assert got == alone(gpt2, prompt, max_new_tokens=20, stop=[stop])
+    assert "".join(pieces) == gpt2.tokenizer.decode(got, skip_special_tokens=True)
+
+
+def test_a_seed_repeats_a_sample(gpt2, engine):
+    prompt = gpt2.tokenizer.encode("Hello").ids
+    sample = dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_p=0.95, top_k=0)
+    first = engine.submit(prompt, seed=3, **sample)
+    second = engine.submit(prompt, seed=3, **sample)  # in the batch beside the first
+    assert first.result(60) == second.result(60)
+    with pytest.raises(InputError, match="without top-k"):
+        engine.submit(prompt, do_sample=True, top_k=5)
+
+
+def test_a_failing_callback_ends_only_its_request(gpt2, engine):
+    prompt = gpt2.tokenizer.encode("Hello").ids
+
+    def broken(row, piece):
+        raise RuntimeError("client gone")
+
+    failing = engine.submit(prompt, max_new_tokens=30, on_token=broken)
+    fine = engine.submit(prompt, max_new_tokens=10)
+    with pytest.raises(RuntimeError, match="client gone"):
+        failing.result(60)
+    assert fine.result(60) == alone(gpt2, prompt, max_new_tokens=10)
+
+
+def test_bad_requests_full_queues_and_close(gpt2):
+    engine = ContinuousGeneration(gpt2, slots=1, max_queue=1)
+    prompt = gpt2.tokenizer.encode("Hello").ids
+    with pytest.raises(InputError, match="need 129 positions; the model has 128"):
+        engine.submit(prompt, max_new_tokens=128 - len(prompt) + 1)
+    with pytest.raises(InputError, match="no option \\['beams'\\]"):
+        engine.submit(prompt, beams=2)
+    gate = threading.Event()
+    running = engine.submit(prompt, max_new_tokens=40, on_token=lambda r, p: gate.wait(10))
+    while engine.queued:  # the running one has left the queue for its slot
+        time.sleep(0.01)
+    waiting = engine.submit(prompt, max_new_tokens=2)
+    with pytest.raises(Overloaded, match="max_queue=1"):
+        engine.submit(prompt, max_new_tokens=2)
+    gate.set()
+    engine.close()
+    assert len(running.result(0)) == 40 and len(waiting.result(0)) == 2
+    with pytest.raises(ServingClosed):
+        engine.submit(prompt)

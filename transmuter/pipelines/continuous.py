@@ -1,0 +1,328 @@
+"""Continuous batching for text generation: a decode batch of fixed slots on the device.
+
+The past of every slot lives in one buffer of `length` positions (twice the model's positions,
+rounded up to a power of two: a prompt left-padded to its bucket, then its new tokens) with its
+mask. A request joining is prefilled alone (its prompt
+left-padded to a bucket, as `Decoder` does) and its keys, values and mask copied into a free
+slot; then every step runs the model once on each slot's last token, each row writing its new
+key and value at its own index and choosing its next token with its own sampling options.
+A finished request leaves at once and frees its slot for the next. Between two steps at most
+one request is prefilled, so a joining prompt holds the running ones back by one prefill.
+
+Greedy answers are the tokens the request gets alone (`TextGeneration.generate`): the order of
+the buffer's slots does not matter to attention, only the mask and the position ids do.
+Sampling draws each row from its own key (a request's `seed`), so a seeded answer repeats, but
+is not the draw a batch of `generate` makes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transmuter import telemetry
+from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
+from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, _pow2
+from transmuter.pipelines.text_generation import TextGeneration
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float  # 0: greedy
+    top_p: float
+    repetition_penalty: float
+    min_new_tokens: int
+    key: Any
+    watcher: Any  # streams text and sees stop strings (text-generation's); None: neither
+    tokens: list[int] = field(default_factory=list)
+    future: Future = field(default_factory=Future)
+
+
+class ContinuousGeneration:
+    """Generates for many concurrent requests in `slots` decode rows on the device. `submit`
+    returns a Future of the new token ids (up to and including end of sequence); the options
+    are text-generation's: max_new_tokens, min_new_tokens, temperature (0 or do_sample=False:
+    greedy), top_p, repetition_penalty, stop, on_token(row, text) (row 0) and seed. `max_queue` requests
+    may wait for a slot before `submit` refuses with `Overloaded`."""
+
+    def __init__(self, pipeline: TextGeneration, *, slots: int = 8, max_queue: int = 1024):
+        decoder = pipeline.decoder
+        if not decoder.positions:
+            raise ModelLoadError(
+                f"{pipeline.repo.source} takes no position_ids: continuous batching needs them "
+                "(each slot's positions are its own)"
+            )
+        if slots < 1 or max_queue < 1:
+            raise InputError(f"slots and max_queue must be at least 1; got {slots}, {max_queue}")
+        config = pipeline.repo.config
+        positions = config.get("max_position_embeddings", config.get("n_positions"))
+        if not isinstance(positions, int):
+            raise ModelLoadError(
+                f"{pipeline.repo.source}: config.json gives no max_position_embeddings or "
+                "n_positions, which size the slots' past"
+            )
+        self.pipeline, self.decoder = pipeline, decoder
+        # A prompt padded to its power-of-two bucket is under twice its length, so a request
+        # within the model's positions always fits twice them.
+        self.size, self.length, self.positions = slots, _pow2(2 * positions, 1), positions
+        self.max_queue = max_queue
+        eos = pipeline.defaults["eos_token_id"]
+        self.eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        self.programs = 0
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("length",))
+        self._step = jax.jit(self._step_fn, donate_argnames=("past", "mask", "seen"))
+        self._insert = jax.jit(self._insert_fn, donate_argnames=("past", "mask", "seen"))
+        self._choose = jax.jit(choose_rows, static_argnames=("eos",))
+        self._lock = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Request | None] = [None] * slots
+        self._closing = False
+        self._worker = threading.Thread(target=self._serve, name="transmuter-slots", daemon=True)
+        self._worker.start()
+
+    # --- callers ---------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], **options: Any) -> Future:
+        request = self._request(list(prompt), options)
+        with self._lock:
+            if self._closing:
+                raise ServingClosed("this generation engine is closed")
+            if len(self._waiting) >= self.max_queue:
+                raise Overloaded(
+                    f"{len(self._waiting)} requests are waiting for a slot "
+                    f"(max_queue={self.max_queue}); retry later"
+                )
+            self._waiting.append(request)
+            self._lock.notify_all()
+        return request.future
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        return sum(r is not None for r in self._rows)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the queued and running ones, stop the worker."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self._worker.join(timeout)
+
+    def _request(self, prompt: list[int], options: dict) -> _Request:
+        given = {**self.pipeline.defaults, **options}
+        extra = set(options) - set(self.pipeline.defaults) - {"seed"}
+        if extra:
+            raise InputError(
+                f"continuous batching has no option {sorted(extra)}; it takes "
+                f"{sorted({*self.pipeline.defaults, 'seed'} - {'return_full_text'})}"
+            )
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise InputError("a prompt is a non-empty list of token ids")
+        max_new = int(given["max_new_tokens"])
+        if max_new < 1 or len(prompt) + max_new > self.positions:
+            raise InputError(
+                f"a prompt of {len(prompt)} tokens and max_new_tokens={max_new} need "
+                f"{len(prompt) + max_new} positions; the model has {self.positions}"
+            )
+        sample = bool(given["do_sample"]) and float(given["temperature"]) > 0
+        if sample and given["top_k"]:
+            raise InputError(
+                f"continuous batching samples without top-k (not a per-row option); pass "
+                f"top_k=0 (got {given['top_k']})"
+            )
+        seed = options.get("seed")
+        watcher = self.pipeline._watch(1, given["stop"], given["on_token"])
+        return _Request(
+            prompt=prompt,
+            max_new_tokens=max_new,
+            temperature=float(given["temperature"]) if sample else 0.0,
+            top_p=float(given["top_p"]) if sample else 1.0,
+            repetition_penalty=float(given["repetition_penalty"]),
+            min_new_tokens=int(given["min_new_tokens"]),
+            key=jax.random.key(0 if seed is None else seed),
+            watcher=watcher,
+        )
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
+            self._state()
+            while True:
+                with self._lock:
+                    while not self._waiting and not self.active and not self._closing:
+                        self._lock.wait()
+                    if self._closing and not self._waiting and not self.active:
+                        return
+                    free = next((i for i, r in enumerate(self._rows) if r is None), None)
+                    joining = (
+                        self._waiting.popleft() if free is not None and self._waiting else None
+                    )
+                if joining is not None and joining.future.set_running_or_notify_cancel():
+                    self._join(free, joining)
+                if self.active:
+                    try:
+                        self._advance()
+                    except Exception as error:  # the step failed: every running request ends
+                        for slot, request in enumerate(self._rows):
+                            if request is not None:
+                                self._rows[slot] = None
+                                request.future.set_exception(error)
+                        self._state()
+
+    def _state(self) -> None:
+        size, length = self.size, self.length
+        self.past = {
+            name: jnp.zeros((size, heads, length, width), dtype)
+            for name, ((heads, width), dtype) in self.decoder.shapes()
+        }
+        self.mask = jnp.zeros((size, length), jnp.int64)
+        self.seen = jnp.zeros((size, self.decoder.vocab_size), bool)
+        self.tokens = np.zeros(size, np.int64)
+        self.next_position = np.zeros(size, np.int64)
+        self.write = np.zeros(size, np.int32)
+        self.keys = jax.random.split(jax.random.key(0), size)
+
+    def _join(self, slot: int, request: _Request) -> None:
+        """Prefill `request` alone, put its past in `slot`, take its first token."""
+        width = _pow2(len(request.prompt), MIN_PROMPT_BUCKET)
+        ids = np.zeros((1, width), np.int64)
+        mask = np.zeros((1, width), np.int64)
+        ids[0, width - len(request.prompt) :] = request.prompt
+        mask[0, width - len(request.prompt) :] = 1
+        positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+        seen = np.zeros((1, self.decoder.vocab_size), bool)
+        np.put_along_axis(seen, ids, True, axis=1)  # the pads too, as transformers counts them
+        try:
+            logits, past, past_mask = self._prefill(
+                self.decoder.model.params, ids, mask, positions, length=self.length
+            )
+            self.past, self.mask, self.seen = self._insert(
+                self.past, self.mask, self.seen, slot, past, past_mask, jnp.asarray(seen)
+            )
+        except Exception as error:  # a request the model refuses fails alone
+            request.future.set_exception(error)
+            return
+        self.keys = self.keys.at[slot].set(request.key)
+        self._rows[slot] = request
+        self.next_position[slot] = positions[0, -1] + 1
+        self.write[slot] = width
+        self._choose_into(slot, logits)
+
+    def _choose_into(self, slot: int, logits) -> None:
+        """The first token of the request in `slot`, from its prompt's logits."""
+        token = int(
+            self._choose(logits, self.seen[slot : slot + 1], *self._options([slot]), eos=self.eos)[
+                0
+            ]
+        )
+        self.seen = self.seen.at[slot, token].set(True)
+        self._take(slot, token)
+
+    def _advance(self) -> None:
+        """One step of every slot; the tokens go to their requests."""
+        rows = list(range(self.size))
+        tokens, self.past, self.mask, self.seen = self._step(
+            self.decoder.model.params,
+            jnp.asarray(self.tokens),
+            jnp.asarray(self.next_position),
+            jnp.asarray(self.write),
+            self.past,
+            self.mask,
+            self.seen,
+            *self._options(rows),
+        )
+        self.next_position += 1
+        self.write += 1
+        if telemetry.listening("transmuter.serving.batch"):
+            telemetry.emit("transmuter.serving.batch", {"items": self.active, "requests": self.active,
+                           "queued": self.queued}, {"pipeline": "continuous"})  # fmt: skip
+        for slot, token in enumerate(np.asarray(tokens).tolist()):
+            if self._rows[slot] is not None:
+                self._take(slot, token)
+
+    def _options(self, slots: list[int]) -> tuple:
+        """Each slot's (step, key, temperature, top_p, repetition penalty, min new tokens);
+        a free slot's are a greedy row's."""
+        rows = [self._rows[s] for s in slots]
+        return (
+            jnp.asarray([len(r.tokens) if r else 0 for r in rows], jnp.int32),
+            self.keys[jnp.asarray(slots)],
+            jnp.asarray([r.temperature if r else 0.0 for r in rows], jnp.float32),
+            jnp.asarray([r.top_p if r else 1.0 for r in rows], jnp.float32),
+            jnp.asarray([r.repetition_penalty if r else 1.0 for r in rows], jnp.float32),
+            jnp.asarray([r.min_new_tokens if r else 0 for r in rows], jnp.int32),
+        )
+
+    def _take(self, slot: int, token: int) -> None:
+        """Give `token` to the request in `slot`; a finished one leaves its slot."""
+        request = self._rows[slot]
+        request.tokens.append(token)
+        self.tokens[slot] = token
+        watcher = request.watcher
+        try:
+            stopped = watcher is not None and watcher(0, token)
+            done = token in self.eos or stopped or len(request.tokens) >= request.max_new_tokens
+            if done and watcher is not None:
+                watcher.flush()
+        except Exception as error:  # its streaming callback failed: that request ends
+            self._rows[slot] = None
+            request.future.set_exception(error)
+            return
+        if done:
+            self._rows[slot] = None
+            request.future.set_result(request.tokens)
+
+    # --- the programs (traced) -------------------------------------------------------------
+
+    def _prefill_fn(self, params, ids, mask, positions, *, length):
+        self.programs += 1
+        return self.decoder.prefill_past(params, ids, mask, positions, length)
+
+    @staticmethod
+    def _insert_fn(past, mask, seen, slot, row_past, row_mask, row_seen):
+        past = {name: past[name].at[slot].set(row_past[name][0]) for name in past}
+        return past, mask.at[slot].set(row_mask[0]), seen.at[slot].set(row_seen[0])
+
+    def _step_fn(self, params, tokens, positions, write, past, mask, seen, *options):
+        self.programs += 1
+        logits, past, mask = self.decoder.step_past(params, tokens, positions, write, past, mask)
+        chosen = choose_rows(logits, seen, *options, eos=self.eos)
+        return chosen, past, mask, seen.at[jnp.arange(seen.shape[0]), chosen].set(True)
+
+
+def choose_rows(logits, seen, steps, keys, temperature, top_p, penalty, min_new, eos):
+    """Each row's next token with its own options, in the order of `generation.choose`:
+    repetition penalty, no end of sequence before `min_new` tokens, then greedy (temperature
+    0) or temperature and top-p before sampling from the row's key folded with its step."""
+    logits = logits.astype(jnp.float32)
+    factor = penalty[:, None]
+    penalized = jnp.where(logits < 0, logits * factor, logits / factor)
+    logits = jnp.where(seen & (factor != 1.0), penalized, logits)
+    if eos:
+        blocked = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(eos)].set(True)
+        logits = jnp.where((steps < min_new)[:, None] & blocked, -jnp.inf, logits)
+    greedy = jnp.argmax(logits, axis=-1)
+    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    ordered = jnp.sort(scaled, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # keep the fewest reaching top_p, at least one
+    cutoff = jnp.min(jnp.where(before < top_p[:, None], ordered, jnp.inf), axis=-1)
+    scaled = jnp.where((top_p[:, None] < 1.0) & (scaled < cutoff[:, None]), -jnp.inf, scaled)
+    draw = jax.vmap(
+        lambda key, step, row: jax.random.categorical(jax.random.fold_in(key, step), row)
+    )
+    return jnp.where(temperature > 0, draw(keys, steps, scaled), greedy)
