@@ -303,3 +303,23 @@ def test_rerank_scores_pairs_best_first(tmp_path):
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "not_a_reranker"
     finally:
         assert three.stop()
+
+
+@pytest.mark.slow
+def test_replicas_behind_a_balancer_answer_alike_and_one_can_drain():
+    # Two replicas on one machine, as a load balancer would have them: stateless, so any
+    # request gets the same answer from either; one drained (SIGTERM) leaves the other serving.
+    replicas = [Running(REPOS / "bert", "feature-extraction") for _ in range(2)]
+    try:
+        answers = [
+            replicas[i % 2].http.post("/embed", json={"inputs": TEXTS[i % 3]}).json()
+            for i in range(6)
+        ]
+        for i in range(3):
+            np.testing.assert_allclose(answers[i], answers[i + 3], atol=1e-6)  # other replica
+        assert replicas[0].stop()
+        assert replicas[1].http.get("/health").status_code == 200
+        assert replicas[1].http.post("/embed", json={"inputs": "still here"}).status_code == 200
+    finally:
+        for replica in replicas:
+            replica.process.kill()
