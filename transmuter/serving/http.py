@@ -1,7 +1,7 @@
 """The HTTP server of `transmuter serve`: a pipeline behind `Serving`, on Starlette.
 
 Routes by task (`ROUTES`): OpenAI's `POST /v1/embeddings`, `/v1/completions` and
-`/v1/chat/completions` (completions.py), text-embeddings-inference's `POST /embed`, `/predict`,
+`/v1/chat/completions` (completions.py), `/v1/audio/transcriptions` (audio.py), text-embeddings-inference's `POST /embed`, `/predict`,
 `/rerank` and `/tokenize`, and for every task `GET /v1/models`, `/health`
 (200 once warmed up, 503 before) and `/metrics` (Prometheus' text format). Errors use OpenAI's
 shape `{"error": {"message", "type", "param", "code"}}`: 400 for bad requests naming the field,
@@ -34,6 +34,7 @@ from transmuter.pipelines import Repo, pipeline
 from transmuter.pipelines.continuous import ContinuousGeneration
 from transmuter.pipelines.encoders import sentence_embedding
 from transmuter.serving.api import ApiError, flag, json_body
+from transmuter.serving.audio import transcriptions
 from transmuter.serving.batching import Serving
 from transmuter.serving.completions import chat_completions, completions
 
@@ -126,8 +127,8 @@ class Server:
         if task == "feature-extraction":
             options["normalize"] = False
         generating = task == "text-generation"
-        if not generating:  # the pipeline's chunks as large as Serving's batches
-            options["batch_size"] = batch_size
+        if task in ("feature-extraction", "text-classification"):
+            options["batch_size"] = batch_size  # the pipeline's chunks as large as the batches
         self.pipeline = pipeline(task, repo, **options)
         self.tokenizer = repo.tokenizer
         self.max_client_batch_size = max_client_batch_size
@@ -362,6 +363,9 @@ ROUTES: dict[str, dict[tuple[str, str], Handler]] = {
         ("POST", "/predict"): tei_predict,
         ("POST", "/rerank"): tei_rerank,
         ("POST", "/tokenize"): tei_tokenize,
+    },
+    "automatic-speech-recognition": {
+        ("POST", "/v1/audio/transcriptions"): transcriptions,
     },
     "text-generation": {
         ("POST", "/v1/completions"): completions,
