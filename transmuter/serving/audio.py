@@ -45,7 +45,7 @@ async def transcriptions(server: Server, request: Request) -> Any:
         form = await request.form()
     except Exception as error:  # not multipart, or a malformed body
         raise ApiError(400, f"send multipart/form-data with a 'file' ({error})") from None
-    server.check_model({"model": form.get("model")}, required=True)
+    server.check_model({"model": form.get("model")})
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "'file' must be an uploaded audio file", param="file")

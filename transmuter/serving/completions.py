@@ -83,7 +83,7 @@ def _finish(server: Server, tokens: list[int], options: dict) -> tuple[str, str]
 
 async def completions(server: Server, request: Request) -> Any:
     body = await json_body(request)
-    server.check_model(body, required=True)
+    server.check_model(body)
     prompts, _ = server.texts(body, "prompt")
     ids = [server.tokenizer.encode(p).ids for p in prompts]
     options = _options(server, body, max(map(len, ids)), 16)
@@ -104,7 +104,7 @@ async def completions(server: Server, request: Request) -> Any:
 
 async def chat_completions(server: Server, request: Request) -> Any:
     body = await json_body(request)
-    server.check_model(body, required=True)
+    server.check_model(body)
     prompt = render_chat(server.repo.tokenizer_config, body.get("messages"))
     # The template writes the special tokens itself, as transformers' apply_chat_template.
     ids = server.tokenizer.encode(prompt, add_special_tokens=False).ids

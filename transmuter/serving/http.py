@@ -1,9 +1,10 @@
 """The HTTP server of `transmuter serve`: a pipeline behind `Serving`, on Starlette.
 
 Routes by task (`ROUTES`): OpenAI's `POST /v1/embeddings`, `/v1/completions` and
-`/v1/chat/completions` (completions.py), `/v1/audio/transcriptions` (audio.py), text-embeddings-inference's `POST /embed`, `/predict`,
-`/rerank` and `/tokenize`, and for every task `GET /v1/models`, `/health`
-(200 once warmed up, 503 before) and `/metrics` (Prometheus' text format). Errors use OpenAI's
+`/v1/chat/completions` (completions.py) and `/v1/audio/transcriptions` (audio.py);
+text-embeddings-inference's `POST /embed`, `/predict`, `/rerank` and `/tokenize`; for every
+task `GET /v1/models`, `/health` (200 once warmed up, 503 before) and `/metrics` (Prometheus'
+text format). Errors use OpenAI's
 shape `{"error": {"message", "type", "param", "code"}}`: 400 for bad requests naming the field,
 404 for an unknown model, 413 past `max_client_batch_size`, 429 with Retry-After when the queue
 is full, 503 with Retry-After while closing.
@@ -103,8 +104,9 @@ class Metrics:
 
 
 class Server:
-    """A repository's pipeline for `task`, batched by `Serving`, with the state the routes
-    share. `model_id` is what clients name in "model" (default: the repo folder's name)."""
+    """A repository's pipeline for `task`, its requests batched by `Serving` (generation's by
+    `ContinuousGeneration`), with the state the routes share. `model_id` is what clients name
+    in "model" (the CLI's default: the repo folder's name)."""
 
     def __init__(
         self,
@@ -200,10 +202,9 @@ class Server:
             )  # fmt: skip
         return value, False
 
-    def check_model(self, body: dict, required: bool) -> None:
+    def check_model(self, body: dict) -> None:
+        """OpenAI's routes name the model: it must be this server's."""
         model = body.get("model")
-        if model is None and not required:
-            return
         if model != self.model_id:
             raise ApiError(404, f"the model {model!r} does not exist; this server has "
                            f"{self.model_id!r}", param="model", code="model_not_found")  # fmt: skip
@@ -255,7 +256,7 @@ class Server:
 
 async def openai_embeddings(server: Server, request: Request) -> JSONResponse:
     body = await json_body(request)
-    server.check_model(body, required=True)
+    server.check_model(body)
     texts, _ = server.texts(body, "input")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
