@@ -33,6 +33,12 @@ from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClo
 from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, _pow2
 from transmuter.pipelines.text_generation import TextGeneration
 
+# The per-request options; end of sequence is the model's (generation_config.json).
+_OPTIONS = {
+    "max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p",
+    "repetition_penalty", "stop", "on_token", "seed",
+}  # fmt: skip
+
 
 @dataclass
 class _Request:
@@ -93,6 +99,8 @@ class ContinuousGeneration:
     # --- callers ---------------------------------------------------------------------------
 
     def submit(self, prompt: Sequence[int], **options: Any) -> Future:
+        """Queue a prompt (token ids) for the next free slot; its Future gives the new token
+        ids. Cancelling it before it has a slot takes it out."""
         request = self._request(list(prompt), options)
         with self._lock:
             if self._closing:
@@ -123,16 +131,17 @@ class ContinuousGeneration:
 
     def _request(self, prompt: list[int], options: dict) -> _Request:
         given = {**self.pipeline.defaults, **options}
-        extra = set(options) - set(self.pipeline.defaults) - {"seed"}
+        extra = set(options) - _OPTIONS
         if extra:
             raise InputError(
-                f"continuous batching has no option {sorted(extra)}; it takes "
-                f"{sorted({*self.pipeline.defaults, 'seed'} - {'return_full_text'})}"
+                f"continuous batching has no option {sorted(extra)}; it takes {sorted(_OPTIONS)}"
             )
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise InputError("a prompt is a non-empty list of token ids")
         max_new = int(given["max_new_tokens"])
-        if max_new < 1 or len(prompt) + max_new > self.positions:
+        if max_new < 1:
+            raise InputError(f"max_new_tokens must be at least 1; got {max_new}")
+        if len(prompt) + max_new > self.positions:
             raise InputError(
                 f"a prompt of {len(prompt)} tokens and max_new_tokens={max_new} need "
                 f"{len(prompt) + max_new} positions; the model has {self.positions}"

@@ -67,7 +67,7 @@ def _options(server: Server, body: dict, prompt_tokens: int, default_max: int | 
         "top_k": 0,  # OpenAI's sampling has no top-k
         "stop": _stops(body),
     }
-    seed = number(body, "seed", None, -(1 << 63), (1 << 63) - 1, int)
+    seed = number(body, "seed", None, 0, (1 << 31) - 1, int)  # a 32-bit PRNG key's seed
     if seed is not None:
         options["seed"] = seed
     return options
