@@ -153,6 +153,7 @@ def test_truncate_true_takes_a_long_input(embedder):
     assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == 64
 
 
+@pytest.mark.slow  # 256 requests from 64 clients: about 35 s on 2 cores
 def test_sixty_four_clients_each_get_their_own_answer(embedder, pipelines):
     texts = [f"request {i} " + "word " * (i % 7) for i in range(256)]
     want = normalized(pipelines["mean"](texts))
