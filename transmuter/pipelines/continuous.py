@@ -244,11 +244,13 @@ class ContinuousGeneration:
     def _advance(self) -> None:
         """One step of every slot; the tokens go to their requests."""
         rows = list(range(self.size))
+        # Copies: on the CPU a numpy argument may be the device buffer itself, and these
+        # three change in place between steps.
         tokens, self.past, self.mask, self.seen = self._step(
             self.decoder.model.params,
-            jnp.asarray(self.tokens),
-            jnp.asarray(self.next_position),
-            jnp.asarray(self.write),
+            self.tokens.copy(),
+            self.next_position.copy(),
+            self.write.copy(),
             self.past,
             self.mask,
             self.seen,
@@ -265,15 +267,17 @@ class ContinuousGeneration:
 
     def _options(self, slots: list[int]) -> tuple:
         """Each slot's (step, key, temperature, top_p, repetition penalty, min new tokens);
-        a free slot's are a greedy row's."""
+        a free slot's are a greedy row's. Host arrays: building device arrays one by one
+        cost more than the step itself."""
         rows = [self._rows[s] for s in slots]
+        keys = self.keys if len(slots) == self.size else self.keys[slots[0] : slots[0] + 1]
         return (
-            jnp.asarray([len(r.tokens) if r else 0 for r in rows], jnp.int32),
-            self.keys[jnp.asarray(slots)],
-            jnp.asarray([r.temperature if r else 0.0 for r in rows], jnp.float32),
-            jnp.asarray([r.top_p if r else 1.0 for r in rows], jnp.float32),
-            jnp.asarray([r.repetition_penalty if r else 1.0 for r in rows], jnp.float32),
-            jnp.asarray([r.min_new_tokens if r else 0 for r in rows], jnp.int32),
+            np.array([len(r.tokens) if r else 0 for r in rows], np.int32),
+            keys,
+            np.array([r.temperature if r else 0.0 for r in rows], np.float32),
+            np.array([r.top_p if r else 1.0 for r in rows], np.float32),
+            np.array([r.repetition_penalty if r else 1.0 for r in rows], np.float32),
+            np.array([r.min_new_tokens if r else 0 for r in rows], np.int32),
         )
 
     def _take(self, slot: int, token: int) -> None:
