@@ -119,7 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         description="serve a repository's task over HTTP (OpenAI's and TEI's APIs)",
     )  # fmt: skip
     serve.add_argument("repo", help="a model repository: a folder or hf://org/repo[@revision]")
-    serve.add_argument("--task", required=True, help="feature-extraction or text-classification")
+    serve.add_argument(
+        "--task", required=True,
+        help="feature-extraction, text-classification, text-generation or "
+        "automatic-speech-recognition",
+    )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--batch-size", type=int, default=8, help="items per device call")
@@ -385,6 +389,10 @@ def serve_(args) -> int:
     except ImportError as exc:
         print(f"error: transmuter serve needs the serve extra ({exc.name} is not installed): "
               "pip install 'transmuter[serve]'", file=sys.stderr)  # fmt: skip
+        return 1
+    if args.task not in http.ROUTES:
+        print(f"error: transmuter serve runs {', '.join(http.ROUTES)}; got --task {args.task!r}",
+              file=sys.stderr)  # fmt: skip
         return 1
     repo = transmuter.load_repo(args.repo, dtype=args.dtype)
     model_id = args.model_id or args.repo.rstrip("/").split("/")[-1].split("@")[0]

@@ -324,3 +324,10 @@ def test_replicas_behind_a_balancer_answer_alike_and_one_can_drain():
     finally:
         for replica in replicas:
             replica.process.kill()
+
+
+def test_serve_refuses_a_task_it_has_no_routes_for(capsys):
+    from transmuter.cli import main
+
+    assert main(["serve", str(REPOS / "bert"), "--task", "fill-mask"]) == 1
+    assert "transmuter serve runs feature-extraction" in capsys.readouterr().err
