@@ -30,7 +30,7 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
-from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, _pow2
+from transmuter.pipelines.generation import Settings, _pow2, left_padded
 from transmuter.pipelines.text_generation import TextGeneration
 
 # The per-request options; end of sequence is the model's (generation_config.json).
@@ -84,6 +84,8 @@ class ContinuousGeneration:
         self.max_queue = max_queue
         eos = pipeline.defaults["eos_token_id"]
         self.eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        # The pipeline's pad id: the repetition penalty counts the pads, as transformers does.
+        self.pad_id = pipeline._pad_id(Settings(eos=self.eos))
         self.programs = 0
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("length",))
         self._step = jax.jit(self._step_fn, donate_argnames=("past", "mask", "seen"))
@@ -207,12 +209,7 @@ class ContinuousGeneration:
 
     def _join(self, slot: int, request: _Request) -> None:
         """Prefill `request` alone, put its past in `slot`, take its first token."""
-        width = _pow2(len(request.prompt), MIN_PROMPT_BUCKET)
-        ids = np.zeros((1, width), np.int64)
-        mask = np.zeros((1, width), np.int64)
-        ids[0, width - len(request.prompt) :] = request.prompt
-        mask[0, width - len(request.prompt) :] = 1
-        positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+        ids, mask, positions = left_padded([request.prompt], self.pad_id)
         seen = np.zeros((1, self.decoder.vocab_size), bool)
         np.put_along_axis(seen, ids, True, axis=1)  # the pads too, as transformers counts them
         try:
@@ -228,7 +225,7 @@ class ContinuousGeneration:
         self.keys = self.keys.at[slot].set(request.key)
         self._rows[slot] = request
         self.next_position[slot] = positions[0, -1] + 1
-        self.write[slot] = width
+        self.write[slot] = ids.shape[1]
         self._choose_into(slot, logits)
 
     def _choose_into(self, slot: int, logits) -> None:

@@ -198,15 +198,9 @@ class Decoder:
 
     def _generate_buffered(self, prompts, pad_id, max_new, settings, key, on_token):
         batch = len(prompts)
-        width = _pow2(max(map(len, prompts)), MIN_PROMPT_BUCKET)
+        ids, mask, positions = left_padded(prompts, pad_id)
+        width = ids.shape[1]
         length = _pow2(width + max_new, MIN_PAST_BUCKET)
-        ids = np.full((batch, width), pad_id, np.int64)
-        mask = np.zeros((batch, width), np.int64)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = prompt
-            mask[row, width - len(prompt) :] = 1
-        # transformers' positions for left padding: counted over real tokens, 1 on the pads.
-        positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
         seen = self._seen(ids, settings)
         params = self.model.params
         step = jnp.int32(0)
@@ -353,6 +347,18 @@ def _mark(seen, token):
     if seen.shape[1] == 0:
         return seen
     return seen.at[jnp.arange(seen.shape[0]), token].set(True)
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):
+    """The prompts left-padded with `pad_id` to their power-of-two bucket: ids, attention mask
+    and transformers' positions for left padding (counted over real tokens, 1 on the pads)."""
+    width = _pow2(max(map(len, prompts)), MIN_PROMPT_BUCKET)
+    ids = np.full((len(prompts), width), pad_id, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask, np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
 
 
 def _pow2(size: int, smallest: int) -> int:

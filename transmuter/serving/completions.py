@@ -47,14 +47,14 @@ def _options(server: Server, body: dict, prompt_tokens: int, default_max: int | 
     """The pipeline's options for `body`'s sampling fields, positions checked."""
     if number(body, "n", 1, 1, 1, int) != 1:
         raise ApiError(400, "'n' must be 1", param="n")
-    limit = server.positions
-    room = limit - prompt_tokens if limit else None
-    if room is not None and room < 1:
+    limit = server.engine.positions
+    room = limit - prompt_tokens
+    if room < 1:
         raise ApiError(400, f"the prompt has {prompt_tokens} tokens; the model's context is "
                        f"{limit}", param="messages" if default_max is None else "prompt",
                        code="context_length_exceeded")  # fmt: skip
-    max_tokens = number(body, "max_tokens", default_max or room or 16, 1, 1 << 20, int)
-    if room is not None and max_tokens > room:
+    max_tokens = number(body, "max_tokens", default_max or room, 1, 1 << 20, int)
+    if max_tokens > room:
         raise ApiError(400, f"the prompt's {prompt_tokens} tokens and max_tokens={max_tokens} "
                        f"need {prompt_tokens + max_tokens} positions; the model has {limit}",
                        param="max_tokens", code="context_length_exceeded")  # fmt: skip
@@ -76,7 +76,7 @@ def _options(server: Server, body: dict, prompt_tokens: int, default_max: int | 
 def _finish(server: Server, tokens: list[int], options: dict) -> tuple[str, str]:
     """A row's text (cut before a stop string) and OpenAI's finish_reason."""
     text, stopped = cut_at_stop(server.decode(tokens), options["stop"])
-    if stopped or (tokens and tokens[-1] in server.eos):
+    if stopped or (tokens and tokens[-1] in server.engine.eos):
         return text, "stop"
     return text, "length"
 

@@ -134,10 +134,6 @@ class Server:
         self.pipeline = pipeline(task, repo, **options)
         self.tokenizer = repo.tokenizer
         self.max_client_batch_size = max_client_batch_size
-        config = repo.config
-        self.positions = config.get("max_position_embeddings", config.get("n_positions"))
-        eos = self.pipeline.defaults.get("eos_token_id") if generating else None
-        self.eos = {eos} if isinstance(eos, int) else set(eos or ())
         # Generation batches continuously: a decode batch of batch_size slots that requests
         # join and leave between steps. The other tasks batch concurrent requests by Serving.
         if generating:
