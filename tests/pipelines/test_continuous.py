@@ -68,6 +68,7 @@ def test_a_seed_repeats_a_sample(gpt2, engine):
     first = engine.submit(prompt, seed=3, **sample)
     second = engine.submit(prompt, seed=3, **sample)  # in the batch beside the first
     assert first.result(60) == second.result(60)
+    assert first.result() != alone(gpt2, prompt, max_new_tokens=12)  # it did sample
     with pytest.raises(InputError, match="without top-k"):
         engine.submit(prompt, do_sample=True, top_k=5)
 

@@ -150,6 +150,7 @@ def test_a_seed_repeats_a_sample(client):
                                          temperature=1.0, seed=seed).choices[0].text  # fmt: skip
 
     assert sample(7) == sample(7)
+    assert sample(7) != sample(8)  # the seed, not greedy decoding, decides
 
 
 @pytest.mark.parametrize(
