@@ -1,11 +1,14 @@
 """The image-classification task: images in, [{"label", "score"}] out, as transformers'
 pipeline returns them, with the preprocessing of preprocessor_config.json as transformers'
 image processors (the Pillow ones) apply it: convert to RGB, resize with Pillow (`size` as
-height and width, or its shortest edge), center crop (`crop_size`), rescale, normalize,
-channels first."""
+height and width, its shortest edge, or a shortest edge capped by a longest edge), center crop
+(`crop_size`), rescale, normalize, channels first.
+
+`load_image` is every image task's way in: numpy arrays, Pillow images and file paths."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,19 +61,7 @@ class ImageClassification:
 
 def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
     """float32 [channels, height, width] pixel values of one image."""
-    from PIL import Image
-
-    if not isinstance(image, Image.Image):
-        array = np.asarray(image)
-        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
-            raise InputError(
-                f"an image array is (height, width, channels); got shape {list(array.shape)}"
-            )
-        if array.dtype != np.uint8:  # floats in [0, 1], as transformers takes them
-            array = np.clip(np.round(array.astype(np.float64) * 255), 0, 255).astype(np.uint8)
-        image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
-    if image.mode != "RGB":
-        image = image.convert("RGB")
+    image = load_image(image)
     if config.get("do_resize", True) and config.get("size"):
         image = image.resize(
             _resized(image.size, config["size"]), resample=int(config.get("resample", 2))
@@ -89,6 +80,29 @@ def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
     return np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)
 
 
+def load_image(image: Any) -> Any:
+    """An RGB Pillow image from a numpy array (height, width, channels; uint8, or floats in
+    [0, 1] as transformers takes them), a Pillow image, or a path to an image file."""
+    from PIL import Image
+
+    if isinstance(image, (str, os.PathLike)):
+        try:
+            image = Image.open(image)
+            image.load()
+        except (OSError, ValueError) as error:
+            raise InputError(f"cannot read an image from {os.fspath(image)!r}: {error}") from None
+    elif not isinstance(image, Image.Image):
+        array = np.asarray(image)
+        if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+            raise InputError(
+                f"an image array is (height, width, channels); got shape {list(array.shape)}"
+            )
+        if array.dtype != np.uint8:
+            array = np.clip(np.round(array.astype(np.float64) * 255), 0, 255).astype(np.uint8)
+        image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def _resized(size: tuple[int, int], wanted: Any) -> tuple[int, int]:
     """(width, height) after resizing to `wanted`: {"height", "width"}, {"shortest_edge"} (the
     longer side scaled alike), or an int (a square)."""
@@ -97,12 +111,30 @@ def _resized(size: tuple[int, int], wanted: Any) -> tuple[int, int]:
         return wanted, wanted
     if "height" in wanted and "width" in wanted:
         return int(wanted["width"]), int(wanted["height"])
+    if "shortest_edge" in wanted and "longest_edge" in wanted:
+        return _shortest_longest(width, height, wanted["shortest_edge"], wanted["longest_edge"])
     if "shortest_edge" in wanted:
         edge = int(wanted["shortest_edge"])
         if width <= height:
             return edge, int(edge * height / width)
         return int(edge * width / height), edge
     raise ModelLoadError(f"preprocessor_config.json: a size of {dict(wanted)} is not supported")
+
+
+def _shortest_longest(width: int, height: int, shortest: int, longest: int) -> tuple[int, int]:
+    """(width, height) with the shorter side `shortest`, unless that takes the longer side past
+    `longest`: then the shorter side shrinks to keep it there (DETR's processors' rule; the
+    longer side scales by the unrounded shorter one, as they compute it)."""
+    short, long = min(width, height), max(width, height)
+    exact = float(shortest)
+    if long / short * shortest > longest:
+        exact = longest * short / long
+        shortest = int(round(exact))
+    if short == shortest:
+        return width, height
+    if width < height:
+        return shortest, int(exact * height / width)
+    return int(exact * width / height), shortest
 
 
 def _center_crop(pixels: np.ndarray, crop: Any) -> np.ndarray:

@@ -38,6 +38,13 @@ ROLES = {
     "decoder": "decoder_model",
     "decoder_with_past": "decoder_with_past_model",
     "decoder_merged": "decoder_model_merged",
+    # Models exported in parts (transformers.js and onnx-community): CLIP's two towers, SAM's
+    # image encoder and prompt decoder, Florence-2's vision encoder and token embeddings.
+    "text_model": "text_model",
+    "vision_model": "vision_model",
+    "vision_encoder": "vision_encoder",
+    "prompt_encoder_mask_decoder": "prompt_encoder_mask_decoder",
+    "embed_tokens": "embed_tokens",
 }
 # transformers.js's dtype names and the suffix of their files.
 DTYPES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "q4": "_q4", "q4f16": "_q4f16"}
@@ -48,8 +55,7 @@ FOLDERS = ("", "onnx/")
 class Repo:
     """A model repository's files. `config`, `generation_config`, `preprocessor_config` and
     `tokenizer_config` are the JSON files ({} where absent); `modules` and `pooling` are
-    sentence-transformers' modules.json ([] where absent) and 1_Pooling/config.json; `onnx` maps a role ("model", "encoder", "decoder",
-    "decoder_with_past", "decoder_merged") to its local file; `tokenizer` is a
+    sentence-transformers' modules.json ([] where absent) and 1_Pooling/config.json; `onnx` maps a role (a key of ROLES) to its local file; `tokenizer` is a
     `tokenizers.Tokenizer` or None."""
 
     source: str
