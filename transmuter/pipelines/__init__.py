@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from transmuter.errors import InputError
+from transmuter.pipelines.audio_classification import AudioClassification
 from transmuter.pipelines.encoders import FeatureExtraction, TextClassification, TokenClassification
 from transmuter.pipelines.images import ImageClassification
 from transmuter.pipelines.repo import Repo, load_repo
@@ -26,6 +27,7 @@ TASKS = {
     "text2text-generation": Text2TextGeneration,
     "automatic-speech-recognition": AutomaticSpeechRecognition,
     "image-classification": ImageClassification,
+    "audio-classification": AudioClassification,
 }
 
 __all__ = ["TASKS", "Repo", "load_repo", "pipeline"]
