@@ -13,6 +13,7 @@ from typing import Any
 from transmuter.errors import InputError
 from transmuter.pipelines.audio_classification import AudioClassification
 from transmuter.pipelines.encoders import FeatureExtraction, TextClassification, TokenClassification
+from transmuter.pipelines.image_to_text import ImageToText
 from transmuter.pipelines.images import ImageClassification
 from transmuter.pipelines.repo import Repo, load_repo
 from transmuter.pipelines.speech_recognition import AutomaticSpeechRecognition
@@ -28,6 +29,7 @@ TASKS = {
     "automatic-speech-recognition": AutomaticSpeechRecognition,
     "image-classification": ImageClassification,
     "audio-classification": AudioClassification,
+    "image-to-text": ImageToText,
 }
 
 __all__ = ["TASKS", "Repo", "load_repo", "pipeline"]

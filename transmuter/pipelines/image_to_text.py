@@ -1,0 +1,75 @@
+"""The image-to-text task with VisionEncoderDecoder exports (ViT-GPT2 captioners, TrOCR):
+images in, [{"generated_text": ...}] out per image, as transformers' image-to-text pipeline
+returns them. The image processor is images.py's; decoding is seq2seq.py's, the encoder taking
+pixel_values (every image resized to the processor's one size, so the batch dim is the only one
+that varies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.images import preprocess
+from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.seq2seq import seq2seq_decoder
+from transmuter.pipelines.text2text_generation import (
+    Text2TextGeneration,
+    seq2seq_settings,
+    start_tokens,
+)
+
+
+class ImageToText(Text2TextGeneration):
+    """Caption images (numpy arrays, Pillow images or paths; one or a list): a list of one
+    {"generated_text"} per image. Greedy by default; the options are text2text-generation's."""
+
+    task = "image-to-text"
+
+    def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
+        self.repo = repo
+        self.tokenizer = repo.require_tokenizer(self.task)
+        self.decoder = seq2seq_decoder(repo, self.task, decoding)
+        if self.decoder.encoder.inputs != ["pixel_values"]:
+            raise ModelLoadError(
+                f"{repo.source}: image-to-text feeds pixel_values to the encoder; it takes "
+                f"{self.decoder.encoder.inputs}"
+            )
+        if self.decoder.positions is None:
+            # VisionEncoderDecoder keeps the decoder's position table in its own config.
+            decoder = repo.config.get("decoder") or {}
+            limit = decoder.get("max_position_embeddings", decoder.get("n_positions"))
+            self.decoder.positions = limit if isinstance(limit, int) else None
+        self.images = repo.preprocessor_config
+        self._set_defaults(options)
+
+    def __call__(self, inputs: Any, *, key: Any = None, **options: Any) -> Any:
+        single = not isinstance(inputs, (list, tuple))
+        images = [inputs] if single else list(inputs)
+        if not images:
+            raise InputError("give an image or a non-empty list of them")
+        pixels = np.stack([preprocess(image, self.images) for image in images])
+        rows = self.generate(pixels, key=key, **options)
+        captions = [[{"generated_text": self._text(row)}] for row in rows]
+        return captions[0] if single else captions
+
+    def generate(self, pixels: np.ndarray, *, key: Any = None, **options: Any):
+        """The new token ids of each image's caption, from pixel values [batch, 3, h, w]."""
+        given, key = self._given(options, key)
+        max_new = int(given["max_new_tokens"])
+        prompt = start_tokens(self.repo)
+        self._check_length(len(prompt) + max_new)
+        settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
+        return self._streamed(
+            pixels.shape[0],
+            given,
+            lambda on_token: self.decoder.generate(
+                {"pixel_values": pixels.astype(np.float32)},
+                prompt,
+                max_new_tokens=max_new,
+                settings=settings,
+                key=key,
+                on_token=on_token,
+            ),
+        )
