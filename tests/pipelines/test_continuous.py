@@ -105,3 +105,33 @@ def test_bad_requests_full_queues_and_close(gpt2):
     assert len(running.result(0)) == 40 and len(waiting.result(0)) == 2
     with pytest.raises(ServingClosed):
         engine.submit(prompt)
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_between_steps(gpt2):
+    engine = ContinuousGeneration(gpt2, slots=2, prefill_chunk=16)
+    running = gpt2.tokenizer.encode(PROMPTS[0]).ids
+    long = gpt2.tokenizer.encode(" ".join(PROMPTS[1:])).ids[:40]  # bucket 64
+    assert len(running) <= 16  # prefilled at once
+    steps_at_chunks = []
+    fill = engine._fill
+
+    def watched():
+        steps_at_chunks.append(len(engine._rows[0].tokens) if engine._rows[0] else None)
+        fill()
+
+    engine._fill = watched
+    try:
+        first = engine.submit(running, max_new_tokens=30)
+        while engine.active == 0:
+            time.sleep(0.01)
+        second = engine.submit(long, max_new_tokens=12)
+        assert first.result(120) == alone(gpt2, running, max_new_tokens=30)
+        assert second.result(120) == alone(gpt2, long, max_new_tokens=12)
+    finally:
+        engine.close()
+    # Three chunks of 16 (the first, of left padding alone, skipped), the running request one
+    # step further at each.
+    assert len(steps_at_chunks) == 3
+    assert all(b == a + 1 for a, b in zip(steps_at_chunks, steps_at_chunks[1:]))
+    with pytest.raises(InputError, match="power of two"):
+        ContinuousGeneration(gpt2, prefill_chunk=12)

@@ -6,8 +6,13 @@ mask. A request joining is prefilled alone (its prompt
 left-padded to a bucket, as `Decoder` does) and its keys, values and mask copied into a free
 slot; then every step runs the model once on each slot's last token, each row writing its new
 key and value at its own index and choosing its next token with its own sampling options.
-A finished request leaves at once and frees its slot for the next. Between two steps at most
-one request is prefilled, so a joining prompt holds the running ones back by one prefill.
+A finished request leaves at once and frees its slot for the next.
+
+Between two steps at most one chunk of one joining prompt is prefilled: a prompt whose bucket
+is longer than `prefill_chunk` tokens fills its own past buffer one chunk at a time (each chunk
+attending to the chunks before it, a program for every chunk), its slot reserved, so a long
+prompt holds the running requests back by one chunk at a time, never by its whole prefill.
+Chunks of nothing but left padding are skipped.
 
 Greedy answers are the tokens the request gets alone (`TextGeneration.generate`): the order of
 the buffer's slots does not matter to attention, only the mask and the position ids do.
@@ -30,7 +35,7 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
-from transmuter.pipelines.generation import Settings, _pow2, left_padded
+from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, Settings, _pow2, left_padded
 from transmuter.pipelines.text_generation import TextGeneration
 
 # The per-request options; end of sequence is the model's (generation_config.json).
@@ -38,6 +43,20 @@ _OPTIONS = {
     "max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p",
     "repetition_penalty", "stop", "on_token", "seed",
 }  # fmt: skip
+
+
+@dataclass
+class _Filling:
+    """A prompt being prefilled chunk by chunk into its own past buffer, for `slot`."""
+
+    slot: int
+    request: Any  # _Request
+    ids: np.ndarray  # the left-padded prompt, its mask and positions: [1, bucket]
+    mask: np.ndarray
+    positions: np.ndarray
+    offset: int  # where the next chunk starts
+    past: dict[str, Any]
+    past_mask: Any
 
 
 @dataclass
@@ -58,10 +77,19 @@ class ContinuousGeneration:
     """Generates for many concurrent requests in `slots` decode rows on the device. `submit`
     returns a Future of the new token ids (up to and including end of sequence); the options
     are text-generation's: max_new_tokens, min_new_tokens, temperature (0 or do_sample=False:
-    greedy), top_p, repetition_penalty, stop, on_token(row, text) (row 0) and seed. `max_queue` requests
-    may wait for a slot before `submit` refuses with `Overloaded`."""
+    greedy), top_p, repetition_penalty, stop, on_token(row, text) (row 0) and seed. `max_queue`
+    requests may wait for a slot before `submit` refuses with `Overloaded`. Prompts longer
+    than `prefill_chunk` tokens (a power of two) are prefilled that many tokens at a time
+    between steps."""
 
-    def __init__(self, pipeline: TextGeneration, *, slots: int = 8, max_queue: int = 1024):
+    def __init__(
+        self,
+        pipeline: TextGeneration,
+        *,
+        slots: int = 8,
+        max_queue: int = 1024,
+        prefill_chunk: int = 256,
+    ):
         decoder = pipeline.decoder
         if not decoder.positions:
             raise ModelLoadError(
@@ -70,6 +98,12 @@ class ContinuousGeneration:
             )
         if slots < 1 or max_queue < 1:
             raise InputError(f"slots and max_queue must be at least 1; got {slots}, {max_queue}")
+        if prefill_chunk < MIN_PROMPT_BUCKET or prefill_chunk & (prefill_chunk - 1):
+            # Prompt buckets are powers of two from MIN_PROMPT_BUCKET: such chunks divide them.
+            raise InputError(
+                f"prefill_chunk must be a power of two, at least {MIN_PROMPT_BUCKET}; got "
+                f"{prefill_chunk}"
+            )
         config = pipeline.repo.config
         positions = config.get("max_position_embeddings", config.get("n_positions"))
         if not isinstance(positions, int):
@@ -81,19 +115,21 @@ class ContinuousGeneration:
         # A prompt padded to its power-of-two bucket is under twice its length, so a request
         # within the model's positions always fits twice them.
         self.size, self.length, self.positions = slots, _pow2(2 * positions, 1), positions
-        self.max_queue = max_queue
+        self.max_queue, self.chunk = max_queue, prefill_chunk
         eos = pipeline.defaults["eos_token_id"]
         self.eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         # The pipeline's pad id: the repetition penalty counts the pads, as transformers does.
         self.pad_id = pipeline._pad_id(Settings(eos=self.eos))
         self.programs = 0
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("length",))
+        self._extend = jax.jit(self._extend_fn, donate_argnames=("past", "past_mask"))
         self._step = jax.jit(self._step_fn, donate_argnames=("past", "mask", "seen"))
         self._insert = jax.jit(self._insert_fn, donate_argnames=("past", "mask", "seen"))
         self._choose = jax.jit(choose_rows, static_argnames=("eos",))
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request | None] = [None] * slots
+        self._filling: _Filling | None = None
         self._closing = False
         self._worker = threading.Thread(target=self._serve, name="transmuter-slots", daemon=True)
         self._worker.start()
@@ -174,16 +210,20 @@ class ContinuousGeneration:
             self._state()
             while True:
                 with self._lock:
-                    while not self._waiting and not self.active and not self._closing:
+                    while not (self._waiting or self._busy or self._closing):
                         self._lock.wait()
-                    if self._closing and not self._waiting and not self.active:
+                    if self._closing and not self._waiting and not self._busy:
                         return
-                    free = next((i for i, r in enumerate(self._rows) if r is None), None)
+                    free = self._free_slot()
                     joining = (
-                        self._waiting.popleft() if free is not None and self._waiting else None
+                        self._waiting.popleft()
+                        if free is not None and self._waiting and self._filling is None
+                        else None
                     )
                 if joining is not None and joining.future.set_running_or_notify_cancel():
                     self._join(free, joining)
+                elif self._filling is not None:
+                    self._fill()
                 if self.active:
                     try:
                         self._advance()
@@ -193,6 +233,14 @@ class ContinuousGeneration:
                                 self._rows[slot] = None
                                 request.future.set_exception(error)
                         self._state()
+
+    @property
+    def _busy(self) -> bool:
+        return bool(self.active) or self._filling is not None
+
+    def _free_slot(self) -> int | None:
+        reserved = self._filling.slot if self._filling is not None else None
+        return next((i for i, r in enumerate(self._rows) if r is None and i != reserved), None)
 
     def _state(self) -> None:
         size, length = self.size, self.length
@@ -208,18 +256,68 @@ class ContinuousGeneration:
         self.keys = jax.random.split(jax.random.key(0), size)
 
     def _join(self, slot: int, request: _Request) -> None:
-        """Prefill `request` alone, put its past in `slot`, take its first token."""
+        """Prefill `request` alone, in one program or (past `prefill_chunk` tokens) a chunk now
+        and the others between the next steps."""
         ids, mask, positions = left_padded([request.prompt], self.pad_id)
-        seen = np.zeros((1, self.decoder.vocab_size), bool)
-        np.put_along_axis(seen, ids, True, axis=1)  # the pads too, as transformers counts them
+        if ids.shape[1] > self.chunk:
+            padding = ids.shape[1] - len(request.prompt)
+            past = {
+                name: jnp.zeros((1, heads, self.length, width), dtype)
+                for name, ((heads, width), dtype) in self.decoder.shapes()
+            }
+            self._filling = _Filling(
+                slot=slot,
+                request=request,
+                ids=ids,
+                mask=mask,
+                positions=positions,
+                offset=padding // self.chunk * self.chunk,
+                past=past,
+                past_mask=jnp.zeros((1, self.length), jnp.int64),
+            )
+            self._fill()
+            return
         try:
             logits, past, past_mask = self._prefill(
                 self.decoder.model.params, ids, mask, positions, length=self.length
             )
+        except Exception as error:  # a request the model refuses fails alone
+            request.future.set_exception(error)
+            return
+        self._place(slot, request, ids, positions, logits, past, past_mask)
+
+    def _fill(self) -> None:
+        """The next chunk of the prompt being prefilled; after the last, it takes its slot."""
+        f = self._filling
+        part = slice(f.offset, f.offset + self.chunk)
+        try:
+            logits, f.past, f.past_mask = self._extend(
+                self.decoder.model.params,
+                f.ids[:, part],
+                f.mask[:, part],
+                f.positions[:, part],
+                f.offset,
+                f.past,
+                f.past_mask,
+            )
+        except Exception as error:
+            self._filling = None
+            f.request.future.set_exception(error)
+            return
+        f.offset += self.chunk
+        if f.offset == f.ids.shape[1]:
+            self._filling = None
+            self._place(f.slot, f.request, f.ids, f.positions, logits, f.past, f.past_mask)
+
+    def _place(self, slot, request, ids, positions, logits, past, past_mask) -> None:
+        """Put a prefilled request's past in `slot`, take its first token."""
+        seen = np.zeros((1, self.decoder.vocab_size), bool)
+        np.put_along_axis(seen, ids, True, axis=1)  # the pads too, as transformers counts them
+        try:
             self.past, self.mask, self.seen = self._insert(
                 self.past, self.mask, self.seen, slot, past, past_mask, jnp.asarray(seen)
             )
-        except Exception as error:  # a request the model refuses fails alone
+        except Exception as error:
             request.future.set_exception(error)
             return
         self.keys = self.keys.at[slot].set(request.key)
@@ -301,6 +399,10 @@ class ContinuousGeneration:
     def _prefill_fn(self, params, ids, mask, positions, *, length):
         self.programs += 1
         return self.decoder.prefill_past(params, ids, mask, positions, length)
+
+    def _extend_fn(self, params, ids, mask, positions, offset, past, past_mask):
+        self.programs += 1
+        return self.decoder.extend_past(params, ids, mask, positions, offset, past, past_mask)
 
     @staticmethod
     def _insert_fn(past, mask, seen, slot, row_past, row_mask, row_seen):

@@ -141,18 +141,29 @@ class Decoder:
         self, params, token, positions, seen, step, key, slot, past, mask, *, settings
     ):
         self.programs += 1
-        batch, length = mask.shape
-        full = jnp.concatenate([mask, jnp.ones((batch, 1), mask.dtype)], axis=1)
-        inputs = self._inputs(token[:, None], full, positions[:, None], past, True)
-        out = transmuter.run(self.model, inputs, params=params)
+        ones = jnp.ones((mask.shape[0], 1), mask.dtype)
+        logits, updated, mask = self.extend_past(
+            params, token[:, None], ones, positions[:, None], slot, past, mask
+        )
+        return choose(logits, seen, step, key, settings), updated, mask
+
+    def extend_past(self, params, ids, mask, positions, offset, past, past_mask):
+        """(Traced.) New tokens after the past in a buffer (the next token, or the next chunk
+        of a prompt): their last logits, and their keys and values written into the buffer
+        from `offset`, with the buffer's mask."""
+        length = past_mask.shape[1]
+        full = jnp.concatenate([past_mask, mask], axis=1)
+        out = transmuter.run(
+            self.model, self._inputs(ids, full, positions, past, True), params=params
+        )
         updated = {}
         for name in self.pasts:
-            new = out[self.presents[name]][:, :, length:]  # the token's own key or value
+            new = out[self.presents[name]][:, :, length:]  # the new tokens' own keys or values
             updated[name] = jax.lax.dynamic_update_slice_in_dim(
-                past[name], new.astype(past[name].dtype), slot, axis=2
+                past[name], new.astype(past[name].dtype), offset, axis=2
             )
-        mask = jax.lax.dynamic_update_slice_in_dim(mask, jnp.ones((batch, 1), mask.dtype), slot, 1)
-        return choose(out["logits"][:, -1], seen, step, key, settings), updated, mask
+        past_mask = jax.lax.dynamic_update_slice_in_dim(past_mask, mask, offset, axis=1)
+        return out["logits"][:, -1], updated, past_mask
 
     def _exact_step(
         self, params, ids, mask, positions, seen, step, key, past, *, use_cache, settings
