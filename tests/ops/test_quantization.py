@@ -4,6 +4,7 @@ feed or return a type (float8, int4, float4, int2) or lacks the opset (28)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -389,6 +390,31 @@ def test_dynamic_quantize_linear(rng):
 
 
 @pytest.mark.parametrize(
+    "x",
+    [
+        [1.0, np.nan, -2.0, 3.0],
+        [np.nan, np.nan, np.nan],
+        [*np.linspace(-1, 2, 37), np.nan, *np.linspace(-3, 1, 40), np.nan],
+        [-np.inf, 1.0, -2.0],  # min / scale is -inf / inf: ONNX Runtime's zero point is 255
+        [np.inf, np.nan, -2.0],
+    ],
+    ids=["nan", "all-nan", "nans-in-blocks", "-inf", "inf-and-nan"],
+)
+def test_dynamic_quantize_linear_nan(x):
+    # NaN (an exported atan2's 0 / 0) stays out of the range and quantizes to 0, as in ONNX
+    # Runtime: one NaN must not make the scale NaN. (ONNX Runtime's SIMD min/max lets a NaN in
+    # some lanes through, giving a NaN scale; these positions are not among them.)
+    check_node("DynamicQuantizeLinear", {"x": np.array(x, np.float32)}, opset=11, outputs=3)
+
+
+@pytest.mark.parametrize("zero", [np.uint8(3), np.int8(-3), np.int16(7), np.uint16(9)])
+def test_quantize_nan_saturates_low(zero):
+    # ONNX Runtime clamps NaN to the type's lowest value; XLA's conversion would give 0.
+    x = np.tile(np.array([1.0, np.nan, -2.0, np.inf, -np.inf, 0.5], np.float32), 50)
+    check_node("QuantizeLinear", {"x": x, "s": np.float32(0.1), "z": zero}, opset=21)
+
+
+@pytest.mark.parametrize(
     "a_type,b_type,zeros",
     [
         (np.uint8, np.uint8, "none"),
@@ -519,6 +545,58 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
         preferred_element_type=jnp.int32,
     )
     got = _conv_by_taps(jnp.asarray(x), jnp.asarray(w), strides, dilations, pads, group)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,attrs",
+    [
+        *CONV_CASES,
+        ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
+        ((2, 3, 50), (4, 3, 7), {"pads": [3, 3]}),
+        # 700 channels x 7 taps: past the 4112 terms float32 sums exactly, so two chunks.
+        ((1, 700, 12), (3, 700, 7), {"pads": [3, 3]}),
+        ((1, 1400, 12), (4, 700, 7), {"group": 2}),
+    ],
+)
+@pytest.mark.parametrize("extreme", [False, True])
+def test_conv_by_float32_equals_xla_conv(x_shape, w_shape, attrs, extreme, rng):
+    # How CPU runs ConvInteger and QLinearConv; `extreme` puts every term near the largest
+    # magnitude (255 * +-[240, 255], one sign per filter), where float32 rounding shows first.
+    from transmuter.lowering.ops.quantization import _conv_by_float32, _conv_window
+
+    if extreme:
+        x = np.full(x_shape, 255, np.int32)
+        sign = np.where(np.arange(w_shape[0]) % 2, 1, -1).reshape(-1, *(1,) * (len(w_shape) - 1))
+        w = (sign * rng.integers(240, 256, w_shape)).astype(np.int32)
+    else:
+        x = rng.integers(-255, 256, x_shape).astype(np.int32)
+        w = rng.integers(-255, 256, w_shape).astype(np.int32)
+    group = attrs.get("group", 1)
+    strides, dilations, pads = _conv_window(
+        "ConvInteger",
+        jnp.asarray(x),
+        jnp.asarray(w),
+        None,
+        group,
+        attrs.get("strides"),
+        attrs.get("dilations"),
+        attrs.get("pads"),
+        attrs.get("auto_pad", "NOTSET"),
+    )
+    want = lax.conv_general_dilated(
+        x,
+        w,
+        strides,
+        pads,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+        preferred_element_type=jnp.int32,
+    )
+    got = jax.jit(_conv_by_float32, static_argnums=(2, 3, 4, 5))(
+        jnp.asarray(x), jnp.asarray(w), strides, dilations, pads, group
+    )
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

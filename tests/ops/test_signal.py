@@ -245,6 +245,26 @@ def test_stft_default_onesided_and_int32_params(rng):
     check_node("STFT", inputs, {}, opset=17, **options, **F32)
 
 
+@pytest.mark.parametrize("onesided", [0, 1])
+@pytest.mark.parametrize("given", ["both", "window", "length"])
+def test_stft_real_signal_without_trailing_axis(rng, onesided, given):
+    # [batch, signal_length], as torch.onnx writes torch.stft (Kokoro-82M): outside the spec's
+    # [batch, length, 1], but ONNX Runtime takes it as a real signal, and so do we.
+    signal = rng.standard_normal((2, 45)).astype(np.float32)
+    window = np.hanning(10).astype(np.float32) if given != "length" else None
+    length = _i64(10) if given != "window" else None
+    inputs, options = _stft(signal, _i64(5), window, length)
+    out = check_node("STFT", inputs, {"onesided": onesided}, opset=17, **options, **F32)
+    inputs["signal"] = signal[..., None]
+    check_node("STFT", inputs, {"onesided": onesided}, opset=17, expected=out, **options, **F32)
+
+
+def test_stft_2d_signal_symbolic_length_and_window_input(rng):
+    signal = rng.standard_normal((1, 300)).astype(np.float32)
+    inputs, options = _stft(signal, _i64(7), rng.random(20).astype(np.float32), _i64(20))
+    check_node("STFT", inputs, {}, opset=17, symbolic={"signal": [0, 1]}, **options, **F32)
+
+
 def test_stft_whole_signal_frame(rng):
     # Neither window nor frame_length: one frame of the whole signal (ONNX Runtime fails here).
     signal = rng.standard_normal((2, 20, 1)).astype(np.float32)
@@ -279,7 +299,9 @@ def test_stft_window_from_graph_input_and_zero_batch(rng):
         ((2, 32, 1), 4, 8, 6, "window has length 8 but frame_length is 6"),
         ((2, 32, 1), 4, None, 40, "frame_length 40 must be in"),
         ((2, 32, 1), 0, None, 8, "frame_step must be >= 1"),
-        ((32, 1), 4, None, 8, "batch, signal_length"),
+        ((32,), 4, None, 8, "batch, signal_length"),
+        ((2, 3, 32), 4, None, 8, "end with an axis of 1"),
+        ((2, 32, 3, 1), 4, None, 8, "batch, signal_length"),
     ],
 )
 def test_stft_errors(signal_shape, step, window_size, length, match):

@@ -1,10 +1,12 @@
 """Signal processing: DFT, STFT, the Hann/Hamming/Blackman windows and MelWeightMatrix.
 
 ONNX has no complex tensors here: a signal carries a trailing axis of 1 (real) or 2 (real,
-imaginary). The transforms build a complex array, call `jnp.fft`, and split it again; float16 and
-bfloat16 are transformed in float32 and rounded once. Transform lengths, axes, frame sizes and the
-window/mel parameters decide output shapes, so they are host inputs; the windows and the mel
-matrix depend on nothing else and are computed with numpy on the host (float64, then cast).
+imaginary); STFT also takes a real [batch, length] without it, as ONNX Runtime does (for DFT
+neither does). The transforms build a complex array, call `jnp.fft`, and split it again;
+float16 and bfloat16 are transformed in float32 and rounded once. Transform lengths, axes, frame
+sizes and the window/mel parameters decide output shapes, so they are host inputs; the windows
+and the mel matrix depend on nothing else and are computed with numpy on the host (float64,
+then cast).
 """
 
 from __future__ import annotations
@@ -132,12 +134,17 @@ dft_v17 = op("DFT", since=17, host_inputs={"dft_length": "the transform length"}
     host_inputs={"frame_step": "the hop between frames", "frame_length": "the frame size"},
 )
 def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
-    """ONNX STFT-17: windowed DFTs of frames of a [batch, length, 1|2] signal ->
-    [batch, frames, bins, 2]."""
+    """ONNX STFT-17: windowed DFTs of frames of a [batch, length, 1|2] (or real [batch, length])
+    signal -> [batch, frames, bins, 2]."""
     x = jnp.asarray(signal)
+    if x.ndim == 2:
+        # A real signal without its trailing axis of 1: not in the spec, but ONNX Runtime takes
+        # it and torch.onnx's stft writes it (Kokoro-82M's iSTFTNet).
+        x = x[..., None]
     if x.ndim != 3:
         raise ShapeError(
-            f"STFT signal must be [batch, signal_length, 1 or 2], got shape {list(x.shape)}"
+            f"STFT signal must be [batch, signal_length, 1 or 2] or a real [batch, "
+            f"signal_length], got shape {list(x.shape)}"
         )
     onesided = _flag(onesided, "onesided")
     z, is_complex = _to_complex(x, "STFT signal")
