@@ -58,15 +58,27 @@ class Encoder:
 
     def run(self, encodings: Sequence[Any], output: str) -> list[np.ndarray]:
         """`output` for each encoding, its padding cut off along the sequence when it has one."""
-        if output not in self.model.outputs:
-            raise ModelLoadError(f"{self.repo.source}: the model has no output {output!r}")
+        rows = self.run_outputs(encodings, (output,))
+        return [
+            row[output][: len(e.ids)] if row[output].ndim > 1 else row[output]
+            for row, e in zip(rows, encodings)
+        ]
+
+    def run_outputs(
+        self, encodings: Sequence[Any], outputs: Sequence[str]
+    ) -> list[dict[str, np.ndarray]]:
+        """Several outputs for each encoding from one run, each row as the batch had it
+        (padded to the batch's longest encoding): the caller knows which outputs run along the
+        sequence."""
+        missing = [o for o in outputs if o not in self.model.outputs]
+        if missing:
+            raise ModelLoadError(f"{self.repo.source}: the model has no output {missing[0]!r}")
         results = []
         for start in range(0, len(encodings), self.batch_size):
             chunk = encodings[start : start + self.batch_size]
-            inputs = self._inputs(chunk)
-            value = np.asarray(self._call(inputs)[output])
-            for row, encoding in enumerate(chunk):
-                results.append(value[row, : len(encoding.ids)] if value.ndim > 2 else value[row])
+            found = self._call(self._inputs(chunk))
+            values = {o: np.asarray(found[o]) for o in outputs}
+            results += [{o: v[row] for o, v in values.items()} for row in range(len(chunk))]
         return results
 
     def _inputs(self, chunk: Sequence[Any]) -> dict[str, np.ndarray]:

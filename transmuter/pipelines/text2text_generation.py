@@ -1,18 +1,22 @@
 """The text2text-generation task (T5, BART): texts in, [{"generated_text": ...}] out, as
 transformers' pipeline returns them; the options and their checks are text-generation's,
-decoding in seq2seq.py."""
+decoding in seq2seq.py. summarization and translation (`translation_xx_to_yy` too) are the
+same with the task's prefix from config.json's task_specific_params ("summarize: ",
+"translate English to German: ", as T5's configs give them), answering [{"summary_text"}] and
+[{"translation_text"}] as transformers 4's pipelines did (transformers 5 removed them)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from transmuter.errors import InputError
+from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.generation import Settings
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.seq2seq import seq2seq_decoder
-from transmuter.pipelines.text_generation import TextGeneration
+from transmuter.pipelines.text_generation import _DEFAULTS, TextGeneration
 
 
 class Text2TextGeneration(TextGeneration):
@@ -25,12 +29,14 @@ class Text2TextGeneration(TextGeneration):
     generation's compiles (a program per token with "past") against each step's work."""
 
     task = "text2text-generation"
+    output_key = "generated_text"
 
     def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
         self.repo = repo
         self.tokenizer = repo.require_tokenizer(self.task)
         self.decoder = seq2seq_decoder(repo, self.task, decoding)
-        self._set_defaults(options)
+        self.prefix, task_defaults = task_parameters(repo, self.task)
+        self._set_defaults(options, **task_defaults)
 
     def __call__(self, inputs: str | Sequence[str], *, key: Any = None, **options: Any) -> Any:
         if isinstance(inputs, str):
@@ -41,8 +47,9 @@ class Text2TextGeneration(TextGeneration):
             or not all(isinstance(p, str) for p in inputs)
         ):
             raise InputError(f"give a text or a non-empty list of them; got {inputs!r}")
-        rows = self.generate([self.tokenizer.encode(t).ids for t in inputs], key=key, **options)
-        return [{"generated_text": self._text(row)} for row in rows]
+        encoded = [self.tokenizer.encode(self.prefix + t).ids for t in inputs]
+        rows = self.generate(encoded, key=key, **options)
+        return [{self.output_key: self._text(row)} for row in rows]
 
     def generate(self, inputs: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids for each input (lists of token ids), up to and including its end
@@ -78,6 +85,73 @@ class Text2TextGeneration(TextGeneration):
                 f"the decoder prompt and max_new_tokens need {length} positions; the model has "
                 f"{limit}"
             )
+
+
+class Summarization(Text2TextGeneration):
+    """text2text-generation with task_specific_params["summarization"]'s prefix, answering
+    [{"summary_text": ...}]."""
+
+    task = "summarization"
+    output_key = "summary_text"
+
+
+class Translation(Text2TextGeneration):
+    """text2text-generation with the prefix of `task` in task_specific_params, answering
+    [{"translation_text": ...}]. `task` is "translation_xx_to_yy" (what `pipeline` passes for
+    that task name), or "translation": the first translation task the config lists, as
+    transformers picks it."""
+
+    output_key = "translation_text"
+
+    def __init__(
+        self, repo: Repo, *, task: str = "translation", decoding: str = "past", **options: Any
+    ):
+        self.task = translation_task(repo, task)
+        super().__init__(repo, decoding=decoding, **options)
+
+
+def translation_task(repo: Repo, task: str) -> str:
+    """The translation task whose parameters apply: `task` checked, "translation" resolved to
+    the first translation_xx_to_yy in task_specific_params (itself where there is none)."""
+    parts = task.split("_") if isinstance(task, str) else []
+    if task != "translation" and not (
+        len(parts) == 4 and parts[0] == "translation" and parts[2] == "to"
+    ):
+        raise InputError(
+            f"a translation task is 'translation' or 'translation_xx_to_yy'; got {task!r}"
+        )
+    listed = [
+        k for k in repo.config.get("task_specific_params") or {} if k.startswith("translation")
+    ]
+    if task == "translation":
+        return listed[0] if listed else task
+    if listed and task not in listed:
+        raise InputError(
+            f"{repo.source} translates as {', '.join(listed)} (config.json's "
+            f"task_specific_params); it has no {task}"
+        )
+    return task
+
+
+def task_parameters(repo: Repo, task: str) -> tuple[str, dict[str, Any]]:
+    """`task`'s prefix and option defaults from config.json's task_specific_params (the
+    prefix: config.json's "prefix" where the task has none, as transformers takes it). Its
+    settings that are text-generation options become their defaults; the others (beam
+    search's num_beams, length_penalty, ...) are not applied, and a warning names them."""
+    params = dict((repo.config.get("task_specific_params") or {}).get(task) or {})
+    prefix = params.pop("prefix", repo.config.get("prefix")) or ""
+    if not isinstance(prefix, str):
+        raise ModelLoadError(f"{repo.source}: the {task} prefix must be a string; got {prefix!r}")
+    defaults = {k: v for k, v in params.items() if k in _DEFAULTS}
+    ignored = sorted(set(params) - set(defaults))
+    if ignored:
+        warnings.warn(
+            f"{repo.source}: {task}'s task_specific_params {ignored} are not applied (Transmuter "
+            "decodes greedily or by sampling); pass max_new_tokens and the other "
+            "text-generation options to choose the decoding",
+            stacklevel=3,
+        )
+    return prefix, defaults
 
 
 def start_tokens(repo: Repo) -> list[int]:
