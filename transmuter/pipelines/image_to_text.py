@@ -2,7 +2,8 @@
 images in, [{"generated_text": ...}] out per image, as transformers' image-to-text pipeline
 returns them. The image processor is images.py's; decoding is seq2seq.py's, the encoder taking
 pixel_values (every image resized to the processor's one size, so the batch dim is the only one
-that varies)."""
+that varies). Florence-2 repositories (config.json's model_type florence2) caption with
+florence2.py's model and its "<CAPTION>" task, the same output."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.florence2 import Florence2Captioner
 from transmuter.pipelines.images import preprocess
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.seq2seq import seq2seq_decoder
@@ -19,6 +21,15 @@ from transmuter.pipelines.text2text_generation import (
     seq2seq_settings,
     start_tokens,
 )
+
+
+def image_to_text(repo: Repo, **options: Any) -> Any:
+    """The image-to-text task on `repo`: Florence-2 captions through its own model (a prompt,
+    image features merged into the encoder's input: image-text-to-text's, with the "<CAPTION>"
+    task); VisionEncoderDecoder exports through `ImageToText`."""
+    if repo.config.get("model_type") == "florence2":
+        return Florence2Captioner(repo, **options)
+    return ImageToText(repo, **options)
 
 
 class ImageToText(Text2TextGeneration):

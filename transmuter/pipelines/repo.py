@@ -204,3 +204,14 @@ def _tokenizer(path: Path | None) -> Any:
     # the text's real tokens.
     tokenizer.no_padding()
     return tokenizer
+
+
+def read_json(repo: Repo, path: str) -> dict[str, Any]:
+    """A JSON object of the repository that `load_repo` does not read (Florence-2's
+    processor_config.json), from its folder or the Hub; {} where absent."""
+    if repo.source.startswith(hub.PREFIX):
+        name, revision = _hub_repo(repo.source)
+        local = hub.fetch_present(name, [path], revision).get(path)
+    else:
+        local = Path(repo.source, path)
+    return _json(local if local is not None and local.is_file() else None)

@@ -24,6 +24,14 @@ faster, later ones 3x slower).
 
 Every row's decoder has the same length, and text inputs are padded to a multiple of 8 (masked
 by `encoder_attention_mask`), so a later generation of up to as many tokens compiles nothing.
+
+A decoder that takes inputs_embeds instead of input_ids (Florence-2's, exported in parts by
+onnx-community) runs the repository's embed_tokens.onnx on each chosen token inside the step,
+so the token still never leaves the device; `encode` is what a model with its own way into
+the encoder (Florence-2's image features before the prompt) overrides. `no_repeat_ngram_size`
+(generation_config.json's, as transformers' NoRepeatNGramLogitsProcessor applies it) keeps the
+decoder's tokens in a device buffer and bans, at each step, every token that would repeat an
+n-gram of them; decoding="past" only.
 """
 
 from __future__ import annotations
@@ -67,15 +75,28 @@ class _EncoderDecoder:
         settings: Settings | None = None,
         key: Any = None,
         on_token: Callable[[int, int], bool] | None = None,
+        no_repeat_ngram_size: int = 0,
     ) -> list[list[int]]:
         """The new tokens of each row (after `prompt`, the decoder's forced start), up to and
-        including its end of sequence token. `on_token(row, token)` as in `Decoder.generate`."""
+        including its end of sequence token. `on_token(row, token)` as in `Decoder.generate`;
+        `no_repeat_ngram_size` > 0 bans repeating the decoder's n-grams of that size."""
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be at least 1; got {max_new_tokens}")
+        if no_repeat_ngram_size < 0:
+            raise InputError(f"no_repeat_ngram_size must be 0 or more; got {no_repeat_ngram_size}")
         settings = Settings() if settings is None else settings
         key = jax.random.key(0) if key is None else key
         batch = next(iter(encoder_inputs.values())).shape[0]
-        return self._decode(encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token)
+        return self._decode(
+            encoder_inputs,
+            prompt,
+            batch,
+            max_new_tokens,
+            settings,
+            key,
+            on_token,
+            no_repeat_ngram_size,
+        )
 
     def text_inputs(self, rows: list[list[int]], pad_id: int) -> dict[str, np.ndarray]:
         """input_ids and attention_mask of token rows, right-padded to a multiple of
@@ -104,7 +125,8 @@ class _EncoderDecoder:
 
 class Seq2SeqDecoder(_EncoderDecoder):
     """decoding="past": an encoder-decoder repository's encoder_model.onnx and
-    decoder_model_merged.onnx, or decoder_model.onnx and decoder_with_past_model.onnx."""
+    decoder_model_merged.onnx, or decoder_model.onnx and decoder_with_past_model.onnx (and
+    embed_tokens.onnx where the decoder takes inputs_embeds)."""
 
     def __init__(self, repo: Repo, task: str):
         super().__init__(repo)
@@ -118,6 +140,8 @@ class Seq2SeqDecoder(_EncoderDecoder):
                 f"or with decoder_model.onnx and decoder_with_past_model.onnx; found {repo.found}"
             )
         self.merged = "use_cache_branch" in self.step.inputs
+        # The decoder's tokens go in as input_ids, or as embed_tokens.onnx's inputs_embeds.
+        self.embed = repo.model("embed_tokens") if "inputs_embeds" in self.step.inputs else None
         pasts = [n for n in self.step.inputs if n.startswith(_PAST)]
         self.own = [n for n in pasts if ".encoder." not in n]  # self-attention: grows
         self.cross = [n for n in pasts if ".encoder." in n]  # cross-attention: fixed
@@ -134,19 +158,35 @@ class Seq2SeqDecoder(_EncoderDecoder):
                 raise ModelLoadError(f"{self.first.source} returns no {present!r}")
         self.masked = "encoder_attention_mask" in self.first.inputs
         self.past_shapes = {n: _past_shape(self.step, n) for n in pasts}
-        self._start = jax.jit(self._start_step, static_argnames=("settings",))
-        self._next = jax.jit(self._next_step, static_argnames=("settings",))
+        self._start = jax.jit(self._start_step, static_argnames=("settings", "no_repeat"))
+        self._next = jax.jit(self._next_step, static_argnames=("settings", "no_repeat"))
+
+    def encoder_params(self) -> Any:
+        """The parameters `encode` reads."""
+        return self.encoder.params
 
     # --- the steps (traced) ----------------------------------------------------------------
 
-    def _start_step(self, params, encoder_inputs, prompt, seen, key, last, *, settings):
+    def encode(self, params, encoder_inputs):
+        """The encoder's last hidden state, and the mask over it (None where it takes none)."""
+        hidden = transmuter.run(self.encoder, encoder_inputs, params=params)
+        return hidden["last_hidden_state"], encoder_inputs.get("attention_mask")
+
+    def _tokens(self, params, ids) -> dict[str, Any]:
+        """The decoder's token input: `ids`, or their embeddings."""
+        if self.embed is None:
+            return {"input_ids": ids}
+        out = transmuter.run(self.embed, {"input_ids": ids}, params=params)
+        return {"inputs_embeds": out["inputs_embeds"]}
+
+    def _start_step(
+        self, params, encoder_inputs, prompt, seen, key, last, history, *, settings, no_repeat
+    ):
         """Encode, then run the decoder on the prompt."""
         self.programs += 1
-        encoder_params, first_params = params
-        hidden = transmuter.run(self.encoder, encoder_inputs, params=encoder_params)
-        hidden = hidden["last_hidden_state"]
-        mask = encoder_inputs.get("attention_mask")
-        inputs = {"input_ids": prompt, "encoder_hidden_states": hidden}
+        encoder_params, first_params, embed_params = params
+        hidden, mask = self.encode(encoder_params, encoder_inputs)
+        inputs = {**self._tokens(embed_params, prompt), "encoder_hidden_states": hidden}
         if self.masked:
             inputs["encoder_attention_mask"] = mask
         if self.merged:  # the no-past branch reads no past: empty ones stand in
@@ -158,27 +198,61 @@ class Seq2SeqDecoder(_EncoderDecoder):
         present = {n: out["present." + n.removeprefix(_PAST)] for n in (*self.own, *self.cross)}
         context = {"encoder_attention_mask": mask, "encoder_hidden_states": hidden}
         context = {k: v for k, v in context.items() if k in self.step.inputs}
-        token = choose(out["logits"][:, -1], seen, 0, key, settings, last)
+        logits = out["logits"][:, -1]
+        if no_repeat:
+            logits = _no_repeat(logits, history, prompt.shape[1], no_repeat)
+        token = choose(logits, seen, 0, key, settings, last)
         return token, present, context
 
-    def _next_step(self, params, token, past, context, seen, step, key, last, *, settings):
-        """One token through the with-past decoder: the next token and the grown self-attention
-        past."""
+    def _next_step(
+        self,
+        params,
+        token,
+        past,
+        context,
+        seen,
+        step,
+        key,
+        last,
+        history,
+        length,
+        *,
+        settings,
+        no_repeat,
+    ):
+        """One token through the with-past decoder: the next token, the grown self-attention
+        past, and the decoder's tokens so far (`length` of them, `token` the last) where
+        n-grams are banned."""
         self.programs += 1
-        inputs = {"input_ids": token[:, None], **past, **context}
+        step_params, embed_params = params
+        inputs = {**self._tokens(embed_params, token[:, None]), **past, **context}
         if self.merged:
             inputs["use_cache_branch"] = self._branch[True]
-        out = transmuter.run(self.step, inputs, params=params)
+        out = transmuter.run(self.step, inputs, params=step_params)
         grown = {n: out["present." + n.removeprefix(_PAST)] for n in self.own}
-        return choose(out["logits"][:, -1], seen, step, key, settings, last), grown
+        logits = out["logits"][:, -1]
+        if no_repeat:
+            history = jax.lax.dynamic_update_slice_in_dim(
+                history, token[:, None].astype(history.dtype), length - 1, axis=1
+            )
+            logits = _no_repeat(logits, history, length, no_repeat)
+        return choose(logits, seen, step, key, settings, last), grown, history
 
     # --- the loop (host) -------------------------------------------------------------------
 
-    def _decode(self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token):
+    def _decode(
+        self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token, no_repeat
+    ):
         ids = np.tile(np.asarray(prompt, np.int64), (batch, 1))
+        # The decoder's tokens, for banning n-grams: the prompt, then each chosen token.
+        history = None
+        if no_repeat:
+            history = np.zeros((batch, len(prompt) + max_new_tokens), np.int64)
+            history[:, : len(prompt)] = ids
+        embed_params = None if self.embed is None else self.embed.params
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
             seen = _seen(self.step, ids, settings)
-            params = (self.encoder.params, self.first.params)
+            params = (self.encoder_params(), self.first.params, embed_params)
             token, present, context = self._start(
                 params,
                 dict(encoder_inputs),
@@ -186,7 +260,9 @@ class Seq2SeqDecoder(_EncoderDecoder):
                 seen,
                 key,
                 max_new_tokens == 1,
+                history,
                 settings=settings,
+                no_repeat=no_repeat,
             )
             cross = {n: present[n] for n in self.cross}
             past = {n: present[n] for n in self.own}
@@ -195,8 +271,8 @@ class Seq2SeqDecoder(_EncoderDecoder):
                 if tracker.take(np.asarray(token)) or index == max_new_tokens:
                     break
                 seen = _mark(seen, token)
-                token, past = self._next(
-                    self.step.params,
+                token, past, history = self._next(
+                    (self.step.params, embed_params),
                     token,
                     {**past, **cross},
                     context,
@@ -204,7 +280,10 @@ class Seq2SeqDecoder(_EncoderDecoder):
                     jnp.int32(index),
                     key,
                     index == max_new_tokens - 1,
+                    history,
+                    jnp.int32(len(prompt) + index),
                     settings=settings,
+                    no_repeat=no_repeat,
                 )
         return tracker.rows
 
@@ -269,7 +348,14 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
 
     # --- the loop (host) -------------------------------------------------------------------
 
-    def _decode(self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token):
+    def _decode(
+        self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token, no_repeat
+    ):
+        if no_repeat:
+            raise InputError(
+                'decoding="padded" does not ban repeated n-grams (no_repeat_ngram_size); '
+                'use decoding="past"'
+            )
         length = len(prompt)
         ids = np.zeros((batch, self._bucket(length)), np.int64)
         ids[:, :length] = prompt
@@ -342,6 +428,27 @@ def _seen(model, ids: np.ndarray, settings: Settings):
     seen = np.zeros((ids.shape[0], vocab), bool)
     np.put_along_axis(seen, ids, True, axis=1)
     return jnp.asarray(seen)
+
+
+def _no_repeat(logits, history, length, size: int):
+    """`logits` with every token banned (-inf) that would make the last `size` - 1 of the
+    first `length` tokens of `history` [batch, width] into an n-gram of `size` tokens seen
+    before in them, as transformers' NoRepeatNGramLogitsProcessor bans them."""
+    batch, width = history.shape
+    starts = width - size + 1  # where an n-gram can start in the buffer
+    if starts < 1:
+        return logits
+    length = jnp.asarray(length, jnp.int32)
+    grams = jnp.stack([history[:, i : i + starts] for i in range(size)], axis=-1)
+    tail = jax.lax.dynamic_slice_in_dim(history, jnp.maximum(length - size + 1, 0), size - 1, 1)
+    # An n-gram counts where it lies within the tokens so far and starts like the tail.
+    inside = jnp.arange(starts, dtype=jnp.int32) <= length - size
+    match = jnp.all(grams[:, :, :-1] == tail[:, None, :], axis=-1) & inside
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], match.shape)
+    # Counted, not set: equal banned tokens in a row would race in a scatter of booleans.
+    counts = jnp.zeros(logits.shape, jnp.int32)
+    counts = counts.at[rows, grams[:, :, -1]].add(match.astype(jnp.int32))
+    return jnp.where(counts > 0, -jnp.inf, logits)
 
 
 def _only(inputs: dict[str, Any], model) -> dict[str, Any]:
