@@ -10,8 +10,8 @@ Per case (a task on a repo of tests/fixtures/pipelines, tiny random weights):
 
 - first: seconds from `transmuter.pipeline(...)` to the first result (loading, tracing,
   compiling; ONNX Runtime: session creation and the first run), measured first in the process;
-- compiles: the programs XLA compiled for `--varied` inputs of random sizes (images of 16 to
-  640 pixels a side, clips of 0.2 to 3 s), counted by the `transmuter.segment.compile.stop`
+- compiles: the programs XLA compiled for `--varied` inputs of random sizes (images of 32 to
+  640 pixels high, aspect ratios up to 3, clips of 0.2 to 3 s), counted by the `transmuter.segment.compile.stop`
   telemetry event (goal: at most 8);
 - per call: the median over `--rounds` of one call on a fixed input, the two alternating.
 
@@ -41,7 +41,10 @@ sys.path.insert(0, str(REPOS.parent))
 
 
 def image(rng: np.random.Generator) -> np.ndarray:
-    height, width = rng.integers(16, 641, 2)
+    """An image of 32 to 640 pixels high, at most three times as wide as high or the reverse
+    (the tiny fixtures' sizes would resize a narrower one to nothing)."""
+    height = int(rng.integers(32, 641))
+    width = max(16, int(height * np.exp(rng.uniform(-np.log(3), np.log(3)))))
     return rng.integers(0, 256, (height, width, 3), np.uint8)
 
 
@@ -60,6 +63,18 @@ class Case:
 
 CASES = {
     "image-classification/vit": Case("image-classification", "vit", image),
+    "object-detection/detr": Case("object-detection", "detr", image),
+    "object-detection/detr-pad64": Case(
+        "object-detection", "detr", image, options={"pad_to_multiple_of": 64}
+    ),
+    "object-detection/yolos": Case("object-detection", "yolos", image),
+    "object-detection/rtdetr": Case("object-detection", "rtdetr", image),
+    "zero-shot-object-detection/owlv2": Case(
+        "zero-shot-object-detection",
+        "owlv2",
+        image,
+        call={"candidate_labels": ["a cat", "a remote control", "a dog"]},
+    ),
     "audio-classification/ast": Case("audio-classification", "ast", clip),
     "audio-classification/wav2vec2": Case("audio-classification", "wav2vec2", clip),
 }

@@ -53,3 +53,9 @@ def test_bad_images(classify):
         classify(np.zeros((32, 32), np.uint8))
     with pytest.raises(InputError, match="non-empty list"):
         classify([])
+
+
+def test_an_image_that_resizes_to_nothing_is_named():
+    config = {"size": {"shortest_edge": 64, "longest_edge": 96}}  # DETR's rule: 0 x 96
+    with pytest.raises(InputError, match="1 x 600 pixels.*too extreme"):
+        preprocess(np.zeros((600, 1, 3), np.uint8), config)

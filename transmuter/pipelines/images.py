@@ -63,9 +63,14 @@ def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
     """float32 [channels, height, width] pixel values of one image."""
     image = load_image(image)
     if config.get("do_resize", True) and config.get("size"):
-        image = image.resize(
-            _resized(image.size, config["size"]), resample=int(config.get("resample", 2))
-        )
+        size = _resized(image.size, config["size"])
+        if min(size) < 1:
+            raise InputError(
+                f"an image of {image.size[0]} x {image.size[1]} pixels (width x height) "
+                f"resizes to {size[0]} x {size[1]} under the size {config['size']}: its aspect "
+                "ratio is too extreme for this model"
+            )
+        image = image.resize(size, resample=int(config.get("resample", 2)))
     pixels = np.asarray(image)
     if config.get("do_center_crop") and config.get("crop_size"):
         pixels = _center_crop(pixels, config["crop_size"])
