@@ -1,0 +1,236 @@
+"""zero-shot-image-classification, image-feature-extraction, depth-estimation and
+image-segmentation against transformers' pipelines (make_vision_tasks.py's tiny CLIP, SigLIP,
+ViT, Depth Anything and SegFormer; images of 48 x 40, 30 x 64, 64 x 64 and 20 x 36)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
+
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.image_tasks import resize_maps
+
+Image = pytest.importorskip("PIL.Image")
+
+
+def images(name: str) -> list[np.ndarray]:
+    with np.load(REPOS / name / "images.npz") as found:
+        return [found[f"arr_{i}"] for i in range(len(found))]
+
+
+def assert_ranked(got: list, want: list) -> None:
+    for row, wanted in zip(got, want, strict=True):
+        assert [r["label"] for r in row] == [w["label"] for w in wanted]
+        assert all(isinstance(r["score"], float) for r in row)
+        np.testing.assert_allclose(
+            [r["score"] for r in row], [w["score"] for w in wanted], atol=1e-4
+        )
+
+
+# --- zero-shot-image-classification ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def zero_shot(request):
+    return request.param, transmuter.pipeline(
+        "zero-shot-image-classification", REPOS / request.param
+    )
+
+
+def test_zero_shot_is_transformers(zero_shot):
+    name, classify = zero_shot
+    want = expected(name)
+    batch = images(name)  # four sizes, resized to one: one image batch
+    got = classify(batch, candidate_labels=want["labels"][1:], hypothesis_template=want["template"])
+    assert_ranked(got, want["templated"])
+    total = sum(r["score"] for r in got[0])
+    # CLIP: a softmax over the labels; SigLIP: a sigmoid per label.
+    assert total == pytest.approx(1.0) if name == "clip" else total > 1.5
+
+
+@pytest.mark.slow
+def test_zero_shot_label_counts(zero_shot):
+    name, classify = zero_shot
+    want = expected(name)
+    batch = images(name)
+    assert_ranked(classify(batch, candidate_labels=want["labels"]), want["default"])
+    one = classify(Image.fromarray(batch[1]), candidate_labels=want["labels"][:3])
+    assert_ranked([one], want["three"][1:2])
+    # Five labels padded to eight with four images, three to four with one image.
+    shapes = {(s["input_ids"][0], s["pixel_values"][0]) for s in classify._compiled.signatures}
+    assert {(8, 4), (4, 1)} <= shapes
+
+
+def test_zero_shot_bad_inputs(zero_shot):
+    name, classify = zero_shot
+    with pytest.raises(InputError, match="candidate_labels"):
+        classify(images(name)[0], candidate_labels="cat")
+    with pytest.raises(InputError, match="candidate_labels"):
+        classify(images(name)[0], candidate_labels=[])
+    with pytest.raises(InputError, match="hypothesis_template"):
+        classify(images(name)[0], candidate_labels=["cat"], hypothesis_template="{label}")
+    with pytest.raises(InputError, match="non-empty list"):
+        classify([], candidate_labels=["cat"])
+
+
+def test_zero_shot_needs_the_whole_model(tmp_path):
+    (tmp_path / "onnx").mkdir()
+    for name in ("config.json", "tokenizer.json", "preprocessor_config.json"):
+        (tmp_path / name).write_bytes((REPOS / "clip" / name).read_bytes())
+    (tmp_path / "onnx" / "vision_model.onnx").write_bytes(
+        (REPOS / "clip" / "model.onnx").read_bytes()
+    )
+    with pytest.raises(ModelLoadError, match="runs model.onnx"):
+        transmuter.pipeline("zero-shot-image-classification", tmp_path)
+
+
+# --- image-feature-extraction ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def features():
+    return transmuter.pipeline("image-feature-extraction", REPOS / "vit-features")
+
+
+def test_features_are_transformers(features):
+    want = expected("vit-features")
+    batch = images("vit-features")
+    hidden = features(batch)
+    assert isinstance(hidden[0], list) and len(hidden[0]) == 1  # a batch dim of 1, as lists
+    for got, wanted in zip(hidden, want["hidden"], strict=True):
+        np.testing.assert_allclose(got, wanted, atol=1e-4)
+    pooled = features(batch, pool=True, return_tensors=True)
+    for got, wanted in zip(pooled, want["pooled"], strict=True):
+        assert isinstance(got, np.ndarray) and got.shape == (1, 32)
+        np.testing.assert_allclose(got, wanted, atol=1e-4)
+    assert len(features.model._compiled.signatures) == 1
+
+
+def test_features_bad_inputs(features):
+    with pytest.raises(InputError, match="height, width, channels"):
+        features(np.zeros((8, 8), np.uint8))
+    with pytest.raises(ModelLoadError, match="pixel_values only"):
+        transmuter.pipeline("image-feature-extraction", REPOS / "clip")
+
+
+def test_features_from_a_vision_tower(tmp_path):
+    # transformers.js's split exports: the vision tower where there is no model.onnx.
+    (tmp_path / "onnx").mkdir()
+    for name in ("config.json", "preprocessor_config.json"):
+        (tmp_path / name).write_bytes((REPOS / "vit-features" / name).read_bytes())
+    tower = tmp_path / "onnx" / "vision_model.onnx"
+    tower.write_bytes((REPOS / "vit-features" / "model.onnx").read_bytes())
+    extract = transmuter.pipeline("image-feature-extraction", tmp_path)
+    assert str(extract.model.model.source).endswith("onnx/vision_model.onnx")
+    assert extract.model.model.outputs == ["last_hidden_state", "pooler_output"]
+
+
+def test_hub_features(hub):  # noqa: F811
+    folder = REPOS / "vit-features"
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "expected.json"}
+    hub.publish("org/vit-features", files)
+    extract = transmuter.pipeline("image-feature-extraction", "hf://org/vit-features", pool=True)
+    got = extract(images("vit-features")[2])
+    np.testing.assert_allclose(got, expected("vit-features")["pooled"][2], atol=1e-4)
+
+
+# --- depth-estimation --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def depth():
+    return transmuter.pipeline("depth-estimation", REPOS / "depth-anything")
+
+
+def assert_depth(got: dict, want_depth: list, want_image: list) -> None:
+    wanted = np.asarray(want_depth, np.float32)
+    assert got["predicted_depth"].shape == wanted.shape
+    scale = np.abs(wanted).max()
+    np.testing.assert_allclose(got["predicted_depth"], wanted, atol=1e-4 * scale)
+    assert got["depth"].mode == "L" and got["depth"].size == wanted.shape[::-1]
+    # 8-bit truncation of the same floats: at most a step apart where a value sits on an edge.
+    assert np.abs(np.asarray(got["depth"], np.int16) - np.asarray(want_image)).max() <= 1
+
+
+def test_depth_is_transformers(depth):
+    want = expected("depth-anything")
+    image = images("depth-anything")[0]  # 48 x 40: 56 x 42 (keep_aspect_ratio, multiples of 14)
+    got = depth([image, Image.fromarray(image)])  # one shape: one batch
+    for result in got:
+        assert list(result) == ["predicted_depth", "depth"]
+        assert_depth(result, want["predicted_depth"][0], want["depth"][0])
+    assert depth.model._compiled.signatures == [{"pixel_values": (2, 3, 56, 42)}]
+
+
+@pytest.mark.slow
+def test_depth_every_aspect_ratio(depth):
+    want = expected("depth-anything")
+    got = depth(images("depth-anything"))  # 56 x 42, 14 x 42, 42 x 42, 28 x 42: four programs
+    for index, result in enumerate(got):
+        assert_depth(result, want["predicted_depth"][index], want["depth"][index])
+    shapes = {s["pixel_values"][2:] for s in depth.model._compiled.signatures}
+    assert shapes == {tuple(shape[1:]) for shape in want["pixel_shapes"]}
+
+
+def test_depth_bad_inputs(depth):
+    with pytest.raises(InputError, match="non-empty list"):
+        depth([])
+    with pytest.raises(ModelLoadError, match="DPTImageProcessor"):
+        transmuter.pipeline("depth-estimation", REPOS / "segformer")
+
+
+def test_interpolation_is_torchs():
+    # torch.nn.functional.interpolate(..., align_corners=False) outputs, from torch 2.13.
+    square = np.array([[[0.0, 1.0], [2.0, 3.0]]])
+    bilinear = [[0.0, 0.5, 1.0], [1.0, 1.5, 2.0], [2.0, 2.5, 3.0]]
+    np.testing.assert_allclose(resize_maps(square, (3, 3), "bilinear")[0], bilinear, atol=1e-6)
+    bicubic = [[-0.2604, 0.3264, 0.9132], [0.9132, 1.5, 2.0868], [2.0868, 2.6736, 3.2604]]
+    np.testing.assert_allclose(resize_maps(square, (3, 3), "bicubic")[0], bicubic, atol=1e-4)
+    wide = resize_maps(np.arange(20.0).reshape(1, 4, 5), (3, 7), "bicubic")[0]
+    np.testing.assert_allclose(
+        wide[:, [0, 3, 6]],
+        [[0.5521, 2.6308, 4.7095], [7.4213, 9.5, 11.5787], [14.2905, 16.3692, 18.4479]],
+        atol=1e-4,
+    )
+
+
+# --- image-segmentation ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def segment():
+    return transmuter.pipeline("image-segmentation", REPOS / "segformer")
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a > 0, b > 0
+    return float((a & b).sum() / max((a | b).sum(), 1))
+
+
+def test_segments_are_transformers(segment, tmp_path):
+    want = expected("segformer")
+    with np.load(REPOS / "segformer" / "masks.npz") as found:
+        masks = iter([found[f"arr_{i}"] for i in range(len(found))])
+    batch = images("segformer")
+    path = tmp_path / "image.png"
+    Image.fromarray(batch[3]).save(path)
+    got = segment([batch[0], batch[1], Image.fromarray(batch[2]), path])
+    for row, labels in zip(got, want["labels"], strict=True):
+        assert [r["label"] for r in row] == labels
+        for result in row:
+            assert list(result) == ["score", "label", "mask"] and result["score"] is None
+            assert result["mask"].mode == "L"
+            assert iou(np.asarray(result["mask"]), next(masks)) >= 0.999
+    assert len(segment.model._compiled.signatures) == 1
+
+
+def test_segmentation_subtasks(segment):
+    same = segment(images("segformer"), subtask="semantic")  # the batch of four again
+    assert [r["label"] for r in same[2]] == expected("segformer")["labels"][2]
+    with pytest.raises(InputError, match="'semantic'"):
+        segment(images("segformer")[2], subtask="panoptic")
+    with pytest.raises(InputError, match="'semantic'"):
+        transmuter.pipeline("image-segmentation", REPOS / "segformer", subtask="instance")
