@@ -63,6 +63,14 @@ class Case:
 
 CASES = {
     "image-classification/vit": Case("image-classification", "vit", image),
+    "zero-shot-image-classification/clip": Case(
+        "zero-shot-image-classification",
+        "clip",
+        image,
+        call={"candidate_labels": ["a cat", "a dog", "a tiny robot"]},
+    ),
+    "depth-estimation/depth-anything": Case("depth-estimation", "depth-anything", image),
+    "image-segmentation/segformer": Case("image-segmentation", "segformer", image),
     "object-detection/detr": Case("object-detection", "detr", image),
     "object-detection/detr-pad64": Case(
         "object-detection", "detr", image, options={"pad_to_multiple_of": 64}
