@@ -1,0 +1,210 @@
+"""text-to-speech (alias text-to-audio) with Kokoro-82M in onnx-community's layout:
+onnx/model*.onnx (`dtype=` chooses), voices/<name>.bin (float32 [N, 1, 256] style packs),
+tokenizer.json holding the phoneme vocabulary. Both input namings of Kokoro's exports work:
+`input_ids`/`style`/`speed` -> `waveform` (onnx-community) and `tokens`/`style`/`speed` ->
+`audio` (kokoro-onnx).
+
+Input: a phoneme string (`phonemes=True`), each character mapped to its id in tokenizer.json's
+vocabulary and 0 put at both ends, as Kokoro does; or text (the default), turned into phonemes
+by misaki (Kokoro's grapheme-to-phoneme package, the `tts` extra), American or British English
+by the voice name's first letter. The style vector is the voice pack's row for the number of
+phoneme tokens (without the two 0s), clipped to the last row, as kokoro-js and kokoro-onnx
+index the pack (so the same phonemes get the same voice row as in those runtimes). Inputs over 510 tokens are split at sentence ends (. ! ? ;) and the audio joined.
+
+The graph is edited before loading (transmuter/frontend/graph_edits.py): the predicted
+durations' total is padded (on the end marker) to 200 ms steps, so the programs after the
+graph's data-dependent break recur for nearby frame counts. They are also keyed by the token
+count (the alignment of tokens to frames is after the break), so on the stand-in 50 phoneme
+strings of random lengths (47 token counts) compile 99 programs, about two per token count;
+padding to powers of two of frames instead compiled 98: the token count decides. The padded
+frames' samples are cut from what is returned; the vocoder's convolutions near the end still
+saw them, so the last few hundred samples differ from the unpadded graph's
+(tests/pipelines/test_text_to_speech.py). The text encoder before the break
+compiles once per token count: Kokoro's export has no attention mask, so its token dim cannot
+be bucketed. `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where
+the exported pattern gives -pi: the audio then matches torch's, which the voices were trained
+with (examples/kokoro_tts.py measures the difference).
+
+Returns {"audio": float32 [samples], "sampling_rate": 24000, "durations": int64 frames per
+token, 0s included, chunks joined}: transformers' text-to-audio keys, plus the durations.
+"""
+
+from __future__ import annotations
+
+import re
+import wave
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
+from transmuter.frontend import hub
+from transmuter.frontend.graph_edits import DURATIONS_OUTPUT, load_speech_model
+from transmuter.pipelines.repo import Repo
+
+SAMPLING_RATE = 24000
+FRAME_SAMPLES = 600  # Kokoro: one duration frame is 600 samples (25 ms)
+FRAMES_PER_STEP = 8  # durations padded to 200 ms
+STYLE_SIZE = 256
+MAX_PHONEMES = 510  # Kokoro's context of 512 less the two 0s
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s*")
+# The two namings of Kokoro's exports: token input -> audio output.
+NAMINGS = {"input_ids": "waveform", "tokens": "audio"}
+
+
+class TextToSpeech:
+    """`voice`: a name under voices/ or a weighted blend {"af_heart": 0.7, "am_adam": 0.3}
+    (weights normalized to sum to 1); `speed`: Kokoro's speed factor; both also per call.
+    `fix_atan2`: see the module docstring."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        voice: str | Mapping[str, float] = "af_heart",
+        speed: float = 1.0,
+        fix_atan2: bool = True,
+    ):
+        self.repo = repo
+        self.vocab = repo.require_tokenizer("text-to-speech").get_vocab()
+        if "model" not in repo.onnx:
+            raise ModelLoadError(f"{repo.source} has no onnx/model.onnx; found {repo.found}")
+        self.model = load_speech_model(
+            repo.onnx["model"],
+            fix_atan2=fix_atan2,
+            frames_per_step=FRAMES_PER_STEP,
+        )
+        names = {v.name for v in self.model.ir.graph.inputs}
+        token_input = next((n for n in NAMINGS if n in names), None)
+        if token_input is None or not {"style", "speed"} <= names:
+            raise ModelLoadError(
+                f"{repo.onnx['model']}: inputs {sorted(names)} are not Kokoro's "
+                "(input_ids or tokens, style, speed)"
+            )
+        self.token_input, self.audio_output = token_input, NAMINGS[token_input]
+        self.voice, self.speed = voice, speed
+        self._packs: dict[str, np.ndarray] = {}
+        self._compiled = None
+
+    def __call__(
+        self,
+        inputs: str | list[str],
+        *,
+        phonemes: bool = False,
+        voice: str | Mapping[str, float] | None = None,
+        speed: float | None = None,
+    ):
+        if isinstance(inputs, list):
+            return [self(i, phonemes=phonemes, voice=voice, speed=speed) for i in inputs]
+        if not isinstance(inputs, str):
+            raise InputError(f"text-to-speech takes a string or a list of them, not {inputs!r}")
+        voice = self.voice if voice is None else voice
+        pack = self._voice(voice)
+        text = inputs if phonemes else to_phonemes(inputs, voice)
+        audio, durations = [], []
+        for chunk in split_sentences(text):
+            ids = self._ids(chunk)
+            style = pack[min(len(ids), len(pack) - 1)]
+            wave_, frames = self._speak(ids, style, self.speed if speed is None else speed)
+            audio.append(wave_)
+            durations.append(frames)
+        return {
+            "audio": np.concatenate(audio) if audio else np.zeros(0, np.float32),
+            "sampling_rate": SAMPLING_RATE,
+            "durations": np.concatenate(durations) if durations else np.zeros(0, np.int64),
+        }
+
+    def _ids(self, phonemes: str) -> list[int]:
+        unknown = sorted({c for c in phonemes if c not in self.vocab})
+        if unknown:
+            raise InputError(
+                f"phonemes {unknown} are not in {self.repo.source}'s vocabulary (tokenizer.json)"
+            )
+        return [self.vocab[c] for c in phonemes]
+
+    def _speak(self, ids: list[int], style: np.ndarray, speed: float):
+        if not isinstance(speed, (int, float)) or speed <= 0:
+            raise InputError(f"speed must be a positive number; got {speed!r}")
+        feed = {
+            self.token_input: np.array([[0, *ids, 0]], np.int64),
+            "style": style.reshape(1, STYLE_SIZE).astype(np.float32),
+            "speed": np.array([speed], np.float32),
+        }
+        if self._compiled is None:
+            self._compiled = transmuter.compile(self.model, feed, cache_size=16)
+        out = self._compiled(feed)
+        durations = np.asarray(out[DURATIONS_OUTPUT]).reshape(-1).astype(np.int64)
+        audio = np.asarray(out[self.audio_output], np.float32).reshape(-1)
+        # The padded frames (trailing, on the end marker) are not the model's audio.
+        return audio[: int(durations.sum()) * FRAME_SAMPLES], durations
+
+    def _voice(self, voice: str | Mapping[str, float]) -> np.ndarray:
+        if isinstance(voice, str):
+            return self._pack(voice)
+        if not isinstance(voice, Mapping) or not voice:
+            raise InputError(f"voice must be a name or a {{name: weight}} blend; got {voice!r}")
+        total = float(sum(voice.values()))
+        if total <= 0:
+            raise InputError(f"a voice blend's weights must sum to more than 0; got {voice}")
+        return sum(self._pack(name) * (w / total) for name, w in voice.items())
+
+    def _pack(self, name: str) -> np.ndarray:
+        if name not in self._packs:
+            if not re.fullmatch(r"[\w.-]+", name):
+                raise InputError(f"voice {name!r} is not a voice name (voices/<name>.bin)")
+            path = f"voices/{name}.bin"
+            if self.repo.source.startswith(hub.PREFIX):
+                local = hub.fetch(hub.hub_file(f"{self.repo.source}/{path}"))
+            else:
+                local = Path(self.repo.source, path)
+                if not local.is_file():
+                    raise ModelLoadError(f"{self.repo.source} has no {path}")
+            data = np.fromfile(local, dtype="<f4")
+            if data.size == 0 or data.size % STYLE_SIZE:
+                raise ModelLoadError(f"{local}: not a float32 [N, 1, {STYLE_SIZE}] voice pack")
+            self._packs[name] = data.reshape(-1, STYLE_SIZE)
+        return self._packs[name]
+
+
+def split_sentences(phonemes: str) -> list[str]:
+    """Chunks of at most MAX_PHONEMES phonemes, cut after sentence ends (. ! ? ;); a sentence
+    longer than that is cut at its last space before the limit (else at the limit)."""
+    chunks: list[str] = []
+    for sentence in (s for s in SENTENCE_END.split(phonemes.strip()) if s):
+        while len(sentence) > MAX_PHONEMES:
+            cut = sentence.rfind(" ", 1, MAX_PHONEMES + 1)
+            cut = MAX_PHONEMES if cut <= 0 else cut
+            sentence, rest = sentence[cut:].lstrip(), sentence[:cut].rstrip()
+            chunks.append(rest)
+        if chunks and len(chunks[-1]) + 1 + len(sentence) <= MAX_PHONEMES:
+            chunks[-1] = f"{chunks[-1]} {sentence}"
+        else:
+            chunks.append(sentence)
+    return chunks
+
+
+def to_phonemes(text: str, voice: str | Mapping[str, float]) -> str:
+    """Text through misaki's English G2P: American for voices named a*, British for b*."""
+    try:
+        from misaki import en
+    except ImportError:
+        raise InputError(
+            "text input needs misaki (pip install transmuter[tts]); "
+            "or give phonemes with phonemes=True"
+        ) from None
+    name = voice if isinstance(voice, str) else next(iter(voice))
+    if name[:1] not in ("a", "b"):
+        raise InputError(f"text input is English only (voices a*, b*); {name!r} is not")
+    return en.G2P(british=name.startswith("b"))(text)[0]
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sampling_rate: int = SAMPLING_RATE) -> None:
+    """16-bit mono PCM WAV (samples clipped to [-1, 1])."""
+    pcm = (np.clip(np.asarray(audio, np.float32), -1.0, 1.0) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sampling_rate)
+        out.writeframes(pcm.tobytes())
