@@ -88,7 +88,13 @@ def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
 def load_image(image: Any) -> Any:
     """An RGB Pillow image from a numpy array (height, width, channels; uint8, or floats in
     [0, 1] as transformers takes them), a Pillow image, or a path to an image file."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ModuleNotFoundError(
+            "the image tasks read images with Pillow, which is not installed: "
+            "pip install 'transmuter[image]'"
+        ) from None
 
     if isinstance(image, (str, os.PathLike)):
         try:
