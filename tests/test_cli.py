@@ -243,3 +243,76 @@ def test_check_says_where_the_reference_may_saturate(tmp_path, monkeypatch, caps
     assert "may saturate on this CPU" in out
     assert "int8_matmul (MatMulInteger): q x w, pairs up to 65280" in out
     assert "the first divergence is one of them" in out
+
+
+def _graph_file(path: Path, nodes: list, constants: dict[str, np.ndarray]) -> str:
+    """A float32 x [3] -> y [3] model of `nodes`, with `constants` as initializers."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [onnx.numpy_helper.from_array(v, k) for k, v in constants.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_check_noise_is_the_references_own_movement(tmp_path, monkeypatch, capsys):
+    # Round(x * 1e6) moves by round(x) when x moves by 1e-6 of itself, as a quantized model's
+    # outputs move by whole steps: a reference that rounded the other way is within that noise.
+    path = _graph_file(
+        tmp_path / "round.onnx",
+        [helper.make_node("Mul", ["x", "scale"], ["s"]), helper.make_node("Round", ["s"], ["y"])],
+        {"scale": np.array(1e6, np.float32)},
+    )
+    np.save(tmp_path / "x.npy", np.array([1.0, 2.0, 0.25], np.float32))
+    argv = ["check", path, "--input", f"x={tmp_path / 'x.npy'}", "--rtol", "0", "--atol", "0.5"]
+    real = checking.reference_outputs
+    for step, verdict in ((1.0, 0), (5.0, 1)):
+
+        def stepped(source, inputs, *, expose_intermediates=False, step=step):
+            values = real(source, inputs, expose_intermediates=expose_intermediates)
+            values["y"] = values["y"] + np.float32(step)
+            return values
+
+        replace_reference(monkeypatch, stepped)
+        assert main(argv) == 1
+        assert "MISMATCH" in capsys.readouterr().out
+        assert main([*argv, "--noise"]) == verdict
+        out = capsys.readouterr().out
+        if verdict == 0:
+            assert "within the model's noise (the reference moves by 2)" in out
+            assert "all 1 outputs match or within the model's noise (rtol 0, atol 0.5)" in out
+        else:
+            assert "MISMATCH  (the reference moves by 2)" in out
+
+
+def test_check_finds_where_a_non_finite_value_starts(tmp_path, monkeypatch, capsys):
+    # x / (x - x) is infinite in Transmuter; a reference that kept it finite (as ORT keeps the
+    # selected branch of a Where finite) and differs earlier by rounding: the search for the
+    # first divergence would stop at the Sub, the search for a non-finite value at the Div.
+    path = _graph_file(
+        tmp_path / "div.onnx",
+        [
+            helper.make_node("Sub", ["x", "x"], ["zero"], name="sub"),
+            helper.make_node("Div", ["x", "zero"], ["q"], name="div"),
+            helper.make_node("Relu", ["q"], ["y"], name="relu"),
+        ],
+        {},
+    )
+    real = checking.reference_outputs
+
+    def finite(source, inputs, *, expose_intermediates=False):
+        values = real(source, inputs, expose_intermediates=expose_intermediates)
+        for name in ("zero", "q", "y"):
+            if name in values:
+                values[name] = np.full_like(values[name], 0.5)
+        return values
+
+    replace_reference(monkeypatch, finite)
+    np.save(tmp_path / "x.npy", np.array([1.0, 2.0, 3.0], np.float32))
+    assert main(["check", path, "--input", f"x={tmp_path / 'x.npy'}"]) == 1
+    out = capsys.readouterr().out
+    assert "first non-finite value: node 'div' (Div) output 'q': 3 of 3 elements" in out
+    assert "its inputs: x, zero" in out

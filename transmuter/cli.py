@@ -82,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "check":
             sub.add_argument("--rtol", type=float, default=1e-4)
             sub.add_argument("--atol", type=float, default=1e-5)
+            sub.add_argument(
+                "--noise", action="store_true",
+                help="also rerun the reference with float inputs scaled by 1 +- 1e-6: a "
+                "difference no larger than the reference's own movement is the model's noise "
+                "(quantized models), not a mismatch",
+            )  # fmt: skip
         if name == "bench":
             sub.add_argument("--runs", type=int, default=20, help="timed calls each (median)")
             sub.add_argument(
@@ -300,16 +306,40 @@ def check(args) -> int:
     _progress("running Transmuter (compiled)")
     ours = transmuter.compile(model, inputs)(inputs)
     diffs = checking.compare(ours, reference, rtol=args.rtol, atol=args.atol)
+    noise = None
+    if args.noise:
+        _progress("rerunning ONNX Runtime with the float inputs scaled by 1 +- 1e-6")
+        noise = checking.reference_noise(source, inputs, reference)
     width = max(len(d.name) for d in diffs)
+    failed = []
     for d in diffs:
-        mark = "ok" if d.ok else "MISMATCH"
-        extra = f"  ({d.detail})" if d.detail and not d.ok else ""
-        print(
-            f"  {d.name:<{width}}  max abs {d.max_abs:.3g}  max rel {d.max_rel:.3g}  {mark}{extra}"
-        )
-    if all(d.ok for d in diffs):
-        print(f"all {len(diffs)} outputs match (rtol {args.rtol:g}, atol {args.atol:g})")
+        if d.ok:
+            mark = "ok"
+        elif noise is not None and d.max_abs <= noise[d.name]:
+            mark = f"within the model's noise (the reference moves by {noise[d.name]:.3g})"
+        else:
+            notes = [d.detail] if d.detail else []
+            if noise is not None:
+                notes.append(f"the reference moves by {noise[d.name]:.3g}")
+            mark = "MISMATCH" + (f"  ({'; '.join(notes)})" if notes else "")
+            failed.append(d)
+        print(f"  {d.name:<{width}}  max abs {d.max_abs:.3g}  max rel {d.max_rel:.3g}  {mark}")
+    if not failed:
+        within = " or within the model's noise" if noise is not None else ""
+        print(f"all {len(diffs)} outputs match{within} (rtol {args.rtol:g}, atol {args.atol:g})")
         return 0
+    if any(checking.made_non_finite(ours[d.name], reference[d.name]) for d in failed):
+        _progress("looking for the first node that makes a NaN or infinity")
+        found = checking.first_non_finite(model, source, inputs)
+        if found is None:
+            print("no node makes a non-finite value when run eagerly: the compiled program does")
+        else:
+            print(
+                f"first non-finite value: node {found.node!r} ({found.op_type}) output "
+                f"{found.output!r}: {found.difference.detail}"
+            )
+            print(f"  its inputs: {', '.join(found.inputs)}")
+        return 1
     _progress("looking for the first diverging node")
     found = checking.first_divergence(model, source, inputs, rtol=args.rtol, atol=args.atol)
     if found is None:

@@ -10,6 +10,9 @@ from transmuter.checking.comparison import (
     compare,
     difference,
     first_divergence,
+    first_non_finite,
+    made_non_finite,
+    reference_noise,
 )
 from transmuter.checking.inputs import DEFAULT_SIZES, embedding_rows, example_inputs
 from transmuter.checking.reference import (
@@ -30,7 +33,10 @@ __all__ = [
     "embedding_rows",
     "example_inputs",
     "first_divergence",
+    "first_non_finite",
+    "made_non_finite",
     "reference_feeds",
+    "reference_noise",
     "reference_outputs",
     "reference_saturation",
     "reference_session",

@@ -1,5 +1,5 @@
 """Comparing outputs with the reference's, per output and node by node (the first node where
-the two disagree)."""
+the two disagree, or where a NaN or infinity starts), and the reference's own noise."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from transmuter.checking.reference import reference_outputs
+from transmuter.errors import TransmuterError
 from transmuter.runtime.execute import intermediates
 from transmuter.runtime.model import Model
 
@@ -97,12 +98,72 @@ def first_divergence(
     intermediate as an output; compare node by node and return the first disagreement. `key`
     is the PRNG key for random operators without a seed (their draws differ from ORT's, so the
     search stops at them; without a key it cannot run them)."""
+    return _first(
+        model, source, inputs, key, lambda n, a, b: difference(n, a, b, rtol=rtol, atol=atol)
+    )
+
+
+def first_non_finite(
+    model: Model, source, inputs: Mapping[str, Any], *, key: Any = None
+) -> Divergence | None:
+    """As `first_divergence`, but the first node with a NaN or infinity where the reference's
+    value is finite: where a non-finite result starts, past any earlier differences that are
+    only rounding or a quantized model's noise."""
+    return _first(model, source, inputs, key, _non_finite)
+
+
+def made_non_finite(ours: Any, theirs: Any) -> int:
+    """How many elements of `ours` are NaN or infinite where the reference's are finite."""
+    a, b = np.asarray(ours), np.asarray(theirs)
+    if a.dtype.kind not in "fc" or a.shape != b.shape:
+        return 0
+    return int((~np.isfinite(a) & np.isfinite(b)).sum())
+
+
+def _non_finite(name: str, ours: Any, theirs: Any) -> Difference:
+    count = made_non_finite(ours, theirs)
+    if not count:
+        return Difference(name, 0.0, 0.0, True)
+    detail = f"{count} of {np.size(ours)} elements non-finite where the reference's are finite"
+    return Difference(name, float("inf"), float("inf"), False, detail)
+
+
+def _first(model: Model, source, inputs: Mapping[str, Any], key: Any, test) -> Divergence | None:
     ours = intermediates(model, inputs, key=key)
     theirs = reference_outputs(source, inputs, expose_intermediates=True)
     for node in model.ir.graph.nodes:
         for name in node.outputs:
             if name and name in theirs and name in ours:
-                diff = difference(name, ours[name], theirs[name], rtol=rtol, atol=atol)
+                diff = test(name, ours[name], theirs[name])
                 if not diff.ok:
                     return Divergence(node.label, node.op_type, name, node.inputs, diff)
     return None
+
+
+def reference_noise(
+    source, inputs: Mapping[str, Any], reference: Mapping[str, Any], *, scale: float = 1e-6
+) -> dict[str, float]:
+    """How far the reference's own outputs move when its float inputs are scaled by 1 + scale
+    and by 1 - scale: per output, the largest absolute change from `reference`. A quantized
+    model requantizes every activation, so such a change moves its outputs by whole
+    quantization steps; a difference from Transmuter no larger than this is within the model's
+    own noise (a duration that moves by a frame, a waveform by a quantization step)."""
+    floats = [k for k, v in inputs.items() if np.asarray(v).dtype.kind == "f"]
+    if not floats:
+        raise TransmuterError(
+            "the model's own noise is measured by scaling its float inputs; it takes none"
+        )
+    noise = dict.fromkeys(reference, 0.0)
+    for factor in (1 + scale, 1 - scale):
+        moved = dict(inputs)
+        for name in floats:
+            value = np.asarray(inputs[name])
+            moved[name] = value * value.dtype.type(factor)
+        for name, value in reference_outputs(source, moved).items():
+            base = np.asarray(reference[name])
+            if base.dtype.kind in "fciu" and base.shape == np.shape(value):
+                with np.errstate(invalid="ignore"):
+                    change = np.abs(np.asarray(value, np.float64) - base.astype(np.float64))
+                finite = change[np.isfinite(change)]
+                noise[name] = max(noise[name], float(finite.max()) if finite.size else 0.0)
+    return noise
