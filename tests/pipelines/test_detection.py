@@ -57,6 +57,10 @@ def test_yolos_sizes_batch_and_nothing_found(yolos):
     single = yolos(images()[0], threshold=threshold)
     assert_same(single, want["results"][0])
     assert_same(yolos(images()[0]), [])  # transformers' default threshold of 0.5
+    # top_k: the best of the same detections, best first (transformers' order is the queries').
+    best = sorted(want["results"][3], key=lambda d: -d["score"])[:1]
+    assert len(want["results"][3]) == 2
+    assert_same(yolos(images()[3], threshold=threshold, top_k=1), best)
     for image, boxes in zip(images(), want["float_boxes"]):
         assert_float_boxes(yolos, image, threshold, boxes)
     assert len(yolos._compiled.signatures) == 4
@@ -104,6 +108,8 @@ def test_bad_inputs(yolos, owlvit, tmp_path):
         transmuter.pipeline("zero-shot-object-detection", REPOS / "yolos")
     with pytest.raises(InputError, match="top_k must be at least 1"):
         owlvit(images()[0], ["cat"], top_k=0)
+    with pytest.raises(InputError, match="top_k must be a whole number of at least 1"):
+        yolos(images()[0], top_k=0)
     for name in ("config.json", "model.onnx"):
         shutil.copy(REPOS / "yolos" / name, tmp_path / name)
     with pytest.raises(ModelLoadError, match="needs preprocessor_config.json"):

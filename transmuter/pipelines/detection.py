@@ -68,19 +68,23 @@ PROCESSOR_DEFAULTS = {
 class ObjectDetection:
     """Detect objects in images (numpy HWC arrays, Pillow images or paths; one or a list):
     per image, [{"score", "label", "box": {"xmin", "ymin", "xmax", "ymax"}}] for the
-    detections scoring above `threshold` (transformers' default 0.5; also per call)."""
+    detections scoring above `threshold` (transformers' default 0.5), in the family's order as
+    transformers lists them; with `top_k`, the `top_k` best of those, best first. Both also per
+    call."""
 
     def __init__(
         self,
         repo: Repo,
         *,
         threshold: float = 0.5,
+        top_k: int | None = None,
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
         if cache_size < 1:
             raise InputError(f"cache_size must be at least 1; got {cache_size}")
         self.repo, self.threshold, self.cache_size = repo, threshold, cache_size
+        self.top_k = _top_k(top_k)
         self.model = repo.model("model")
         inputs, outputs = self.model.inputs, self.model.outputs
         if inputs == ["input"] and {"dets", "labels"} <= set(outputs):
@@ -126,17 +130,20 @@ class ObjectDetection:
         self.config = {**PROCESSOR_DEFAULTS[self.processor], **repo.preprocessor_config}
         self._compiled = None
 
-    def __call__(self, inputs: Any, *, threshold: float | None = None) -> Any:
+    def __call__(
+        self, inputs: Any, *, threshold: float | None = None, top_k: int | None = None
+    ) -> Any:
         single = not isinstance(inputs, (list, tuple))
         images = [inputs] if single else list(inputs)
         if not images:
             raise InputError("give an image or a non-empty list of them")
         threshold = self.threshold if threshold is None else threshold
+        top_k = self.top_k if top_k is None else _top_k(top_k)
         results = []
         for image in images:
             image = load_image(image)
             logits, boxes = self._run(self.pixels(image))
-            results.append(self._detections(logits, boxes, image.size, threshold))
+            results.append(self._detections(logits, boxes, image.size, threshold, top_k))
         return results[0] if single else results
 
     def pixels(self, image: Any) -> np.ndarray:
@@ -185,11 +192,18 @@ class ObjectDetection:
         )
 
     def _detections(
-        self, logits: np.ndarray, boxes: np.ndarray, size: tuple[int, int], threshold: float
+        self,
+        logits: np.ndarray,
+        boxes: np.ndarray,
+        size: tuple[int, int],
+        threshold: float,
+        top_k: int | None,
     ) -> list[dict[str, Any]]:
         scores, classes, corners = self.scored(logits, boxes, size)
         labels = _labels(self.repo, logits.shape[-1])
-        keep = scores > threshold
+        keep = np.flatnonzero(scores > threshold)
+        if top_k is not None:
+            keep = keep[np.argsort(-scores[keep], kind="stable")[:top_k]]
         return [
             {"score": float(s), "label": labels[c], "box": _box(b)}
             for s, c, b in zip(scores[keep], classes[keep], corners[keep])
@@ -210,6 +224,12 @@ class ObjectDetection:
         scores = (1 / (1 + np.exp(-logits.astype(np.float64)))).astype(np.float32).ravel()
         best = np.argsort(-scores, kind="stable")[:queries]
         return scores[best], best % classes, corners[best // classes]
+
+
+def _top_k(top_k: int | None) -> int | None:
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise InputError(f"top_k must be a whole number of at least 1; got {top_k!r}")
+    return top_k
 
 
 def corners_scaled(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
