@@ -513,16 +513,11 @@ def test_conv_integer_zero_points(rng):
     check_node("ConvInteger", per_channel, {"pads": [1, 1, 1, 1]}, opset=10, reference="onnx")
 
 
-@pytest.mark.parametrize(
-    "x_shape,w_shape,attrs",
-    CONV_CASES + [((1, 2, 9, 9), (3, 2, 3, 3), {"dilations": [2, 2], "auto_pad": "SAME_LOWER"})],
-)
-def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
-    # The fallback for backends without integer convolutions, checked here on CPU.
+def window_and_xla_conv(x: np.ndarray, w: np.ndarray, attrs: dict):
+    """ConvInteger's window (strides, dilations, pads) for `attrs`, and XLA's int32
+    convolution of x by w over it: what the CPU paths are checked against."""
     from transmuter.lowering.ops.quantization import _conv_window
 
-    x = rand_int(rng, np.int8, x_shape).astype(np.int32)
-    w = rand_int(rng, np.int8, w_shape).astype(np.int32)
     group = attrs.get("group", 1)
     strides, dilations, pads = _conv_window(
         "ConvInteger",
@@ -544,6 +539,19 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
         feature_group_count=group,
         preferred_element_type=jnp.int32,
     )
+    return strides, dilations, pads, want
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,attrs",
+    CONV_CASES + [((1, 2, 9, 9), (3, 2, 3, 3), {"dilations": [2, 2], "auto_pad": "SAME_LOWER"})],
+)
+def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
+    # The fallback for backends without integer convolutions, checked here on CPU.
+    x = rand_int(rng, np.int8, x_shape).astype(np.int32)
+    w = rand_int(rng, np.int8, w_shape).astype(np.int32)
+    group = attrs.get("group", 1)
+    strides, dilations, pads, want = window_and_xla_conv(x, w, attrs)
     got = _conv_by_taps(jnp.asarray(x), jnp.asarray(w), strides, dilations, pads, group)
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -564,7 +572,7 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
 def test_conv_by_float32_equals_xla_conv(x_shape, w_shape, attrs, extreme, rng):
     # How CPU runs ConvInteger and QLinearConv; `extreme` puts every term near the largest
     # magnitude (255 * +-[240, 255], one sign per filter), where float32 rounding shows first.
-    from transmuter.lowering.ops.quantization import _conv_by_float32, _conv_window
+    from transmuter.lowering.ops.quantization import _conv_by_float32
 
     if extreme:
         x = np.full(x_shape, 255, np.int32)
@@ -574,26 +582,7 @@ def test_conv_by_float32_equals_xla_conv(x_shape, w_shape, attrs, extreme, rng):
         x = rng.integers(-255, 256, x_shape).astype(np.int32)
         w = rng.integers(-255, 256, w_shape).astype(np.int32)
     group = attrs.get("group", 1)
-    strides, dilations, pads = _conv_window(
-        "ConvInteger",
-        jnp.asarray(x),
-        jnp.asarray(w),
-        None,
-        group,
-        attrs.get("strides"),
-        attrs.get("dilations"),
-        attrs.get("pads"),
-        attrs.get("auto_pad", "NOTSET"),
-    )
-    want = lax.conv_general_dilated(
-        x,
-        w,
-        strides,
-        pads,
-        rhs_dilation=dilations,
-        feature_group_count=group,
-        preferred_element_type=jnp.int32,
-    )
+    strides, dilations, pads, want = window_and_xla_conv(x, w, attrs)
     got = jax.jit(_conv_by_float32, static_argnums=(2, 3, 4, 5))(
         jnp.asarray(x), jnp.asarray(w), strides, dilations, pads, group
     )
