@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 from conftest import REPOS
 
 import transmuter
 from transmuter.errors import InputError, Overloaded, ServingClosed
-from transmuter.pipelines.continuous import ContinuousGeneration
+from transmuter.pipelines.continuous import ContinuousGeneration, choose_rows
 
 PROMPTS = ["Once upon a time", "Hello", "The quick brown fox jumps", "a",
            "One two three four five six seven eight nine ten eleven twelve"]  # fmt: skip
@@ -69,8 +71,30 @@ def test_a_seed_repeats_a_sample(gpt2, engine):
     second = engine.submit(prompt, seed=3, **sample)  # in the batch beside the first
     assert first.result(60) == second.result(60)
     assert first.result() != alone(gpt2, prompt, max_new_tokens=12)  # it did sample
-    with pytest.raises(InputError, match="without top-k"):
-        engine.submit(prompt, do_sample=True, top_k=5)
+    # Each row's own k: k=1 samples the greedy token, beside rows with other k.
+    rows = [
+        engine.submit(prompt, seed=s, **{**sample, "top_k": k}) for s, k in enumerate((1, 5, 1))
+    ]
+    assert rows[0].result(60) == rows[2].result(60) == alone(gpt2, prompt, max_new_tokens=12)
+    assert rows[1].result(60) != rows[0].result()
+    with pytest.raises(InputError, match="top_k must be 0"):
+        engine.submit(prompt, do_sample=True, top_k=-1)
+
+
+def test_top_k_per_row_keeps_the_k_largest():
+    # Row 0 k=2, row 1 k=0 (every token), row 2 k past the vocabulary: the draws each allows.
+    logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]] * 3))
+    drawn = [set(), set(), set()]
+    for step in range(200):
+        keys = jax.random.split(jax.random.key(step), 3)
+        tokens = choose_rows(
+            logits, jnp.zeros((3, 4), bool), jnp.zeros(3, jnp.int32), keys,
+            temperature=jnp.ones(3), top_k=jnp.array([2, 0, 9]), top_p=jnp.ones(3),
+            penalty=jnp.ones(3), min_new=jnp.zeros(3, jnp.int32), eos=(),
+        )  # fmt: skip
+        for row, token in enumerate(tokens.tolist()):
+            drawn[row].add(token)
+    assert drawn == [{1, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}]
 
 
 def test_a_failing_callback_ends_only_its_request(gpt2, engine):

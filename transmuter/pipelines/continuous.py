@@ -64,6 +64,7 @@ class _Request:
     prompt: list[int]
     max_new_tokens: int
     temperature: float  # 0: greedy
+    top_k: int  # 0: every token
     top_p: float
     repetition_penalty: float
     min_new_tokens: int
@@ -77,7 +78,7 @@ class ContinuousGeneration:
     """Generates for many concurrent requests in `slots` decode rows on the device. `submit`
     returns a Future of the new token ids (up to and including end of sequence); the options
     are text-generation's: max_new_tokens, min_new_tokens, temperature (0 or do_sample=False:
-    greedy), top_p, repetition_penalty, stop, on_token(row, text) (row 0) and seed. `max_queue`
+    greedy), top_k, top_p, repetition_penalty, stop, on_token(row, text) (row 0) and seed. `max_queue`
     requests may wait for a slot before `submit` refuses with `Overloaded`. Prompts longer
     than `prefill_chunk` tokens (a power of two) are prefilled that many tokens at a time
     between steps."""
@@ -185,17 +186,16 @@ class ContinuousGeneration:
                 f"{len(prompt) + max_new} positions; the model has {self.positions}"
             )
         sample = bool(given["do_sample"]) and float(given["temperature"]) > 0
-        if sample and given["top_k"]:
-            raise InputError(
-                f"continuous batching samples without top-k (not a per-row option); pass "
-                f"top_k=0 (got {given['top_k']})"
-            )
+        top_k = int(given["top_k"] or 0)
+        if top_k < 0:
+            raise InputError(f"top_k must be 0 (every token) or more; got {top_k}")
         seed = options.get("seed")
         watcher = self.pipeline._watch(1, given["stop"], given["on_token"])
         return _Request(
             prompt=prompt,
             max_new_tokens=max_new,
             temperature=float(given["temperature"]) if sample else 0.0,
+            top_k=top_k if sample else 0,
             top_p=float(given["top_p"]) if sample else 1.0,
             repetition_penalty=float(given["repetition_penalty"]),
             min_new_tokens=int(given["min_new_tokens"]),
@@ -361,7 +361,7 @@ class ContinuousGeneration:
                 self._take(slot, token)
 
     def _options(self, slots: list[int]) -> tuple:
-        """Each slot's (step, key, temperature, top_p, repetition penalty, min new tokens);
+        """Each slot's (step, key, temperature, top_k, top_p, repetition penalty, min new tokens);
         a free slot's are a greedy row's. Host arrays: building device arrays one by one
         cost more than the step itself."""
         rows = [self._rows[s] for s in slots]
@@ -370,6 +370,7 @@ class ContinuousGeneration:
             np.array([len(r.tokens) if r else 0 for r in rows], np.int32),
             keys,
             np.array([r.temperature if r else 0.0 for r in rows], np.float32),
+            np.array([r.top_k if r else 0 for r in rows], np.int32),
             np.array([r.top_p if r else 1.0 for r in rows], np.float32),
             np.array([r.repetition_penalty if r else 1.0 for r in rows], np.float32),
             np.array([r.min_new_tokens if r else 0 for r in rows], np.int32),
@@ -416,10 +417,12 @@ class ContinuousGeneration:
         return chosen, past, mask, seen.at[jnp.arange(seen.shape[0]), chosen].set(True)
 
 
-def choose_rows(logits, seen, steps, keys, temperature, top_p, penalty, min_new, eos):
+def choose_rows(logits, seen, steps, keys, temperature, top_k, top_p, penalty, min_new, eos):
     """Each row's next token with its own options, in the order of `generation.choose`:
     repetition penalty, no end of sequence before `min_new` tokens, then greedy (temperature
-    0) or temperature and top-p before sampling from the row's key folded with its step."""
+    0) or temperature, top-k and top-p before sampling from the row's key folded with its
+    step. Each row's k is data, not a static size: the k-th largest is read from the sorted
+    row that top-p sorts anyway."""
     logits = logits.astype(jnp.float32)
     factor = penalty[:, None]
     penalized = jnp.where(logits < 0, logits * factor, logits / factor)
@@ -430,6 +433,10 @@ def choose_rows(logits, seen, steps, keys, temperature, top_p, penalty, min_new,
     greedy = jnp.argmax(logits, axis=-1)
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     ordered = jnp.sort(scaled, axis=-1)[:, ::-1]
+    k = jnp.clip(top_k, 1, logits.shape[-1])[:, None]
+    kth = jnp.where(top_k[:, None] > 0, jnp.take_along_axis(ordered, k - 1, axis=-1), -jnp.inf)
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)  # ties with the k-th stay, as lax.top_k's
+    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
     probs = jax.nn.softmax(ordered, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # keep the fewest reaching top_p, at least one
     cutoff = jnp.min(jnp.where(before < top_p[:, None], ordered, jnp.inf), axis=-1)
