@@ -147,7 +147,9 @@ def reference_noise(
     and by 1 - scale: per output, the largest absolute change from `reference`. A quantized
     model requantizes every activation, so such a change moves its outputs by whole
     quantization steps; a difference from Transmuter no larger than this is within the model's
-    own noise (a duration that moves by a frame, a waveform by a quantization step)."""
+    own noise (a duration that moves by a frame, a waveform by a quantization step). An output
+    whose shape the change moves (audio whose length follows a duration) is not measured: its
+    noise stays 0, and a difference there is a mismatch."""
     floats = [k for k, v in inputs.items() if np.asarray(v).dtype.kind == "f"]
     if not floats:
         raise TransmuterError(
