@@ -93,6 +93,13 @@ def test_coverage_folder_is_not_a_package():
     assert not (PACKAGE.parent / "coverage" / "__init__.py").exists()
 
 
+def test_test_modules_have_unique_names():
+    # tests/ has no __init__.py files: pytest imports each test file by its name alone, so two
+    # files of one name fail to collect (tests/ops' and tests/pipelines' test_detection.py did).
+    names = [p.name for p in (PACKAGE.parent / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
 # What families share lives in lowering/shared.py and transmuter/dtypes.py. A com.microsoft op
 # may build on the ai.onnx operator it extends (FusedConv on Conv, DynamicQuantizeLSTM on the
 # LSTM recurrence), and the ai.onnx.ml modules share ml.py, one family in four modules.
