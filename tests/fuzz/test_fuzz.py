@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import tempfile
 
-from fuzz_cases import FIXTURES, make_case, outcome
+import pytest
+from fuzz_cases import FIXTURES, fixture_bytes, make_case, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,15 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fixtures_run_once_untimed():
+    """Each fixture run once, unmutated, before any case: the first eager run compiles every
+    op's program (20 s and more for resnet_qdq on a busy machine), and a case's timeout is
+    for what its mutation costs, not for that."""
+    for name in sorted(FIXTURES):
+        assert outcome(fixture_bytes(name), run=True, timeout=600) == ("ran", ""), name
 
 
 def _fuzz(kind: str, examples: int):
