@@ -66,7 +66,9 @@ def test_tolerance_names_a_case(name):
 
 def _rewritable_cases() -> list:
     """The cases graph passes can change (more than one node: the function-expanded ones), every
-    third of them, bar the expected failures."""
+    third of them, bar the expected failures. The suite's classes leave the expanded cases out:
+    each is a function body of ops the suite tests one by one, and two thirds of them repeat
+    the same few bodies (softmax, layer normalization, the losses) on other shapes."""
     cases = [
         c
         for c in node_cases()
@@ -75,11 +77,12 @@ def _rewritable_cases() -> list:
     return cases[::3]
 
 
+@pytest.mark.parametrize("optimize", [True, False], ids=["passes", "no_passes"])
 @pytest.mark.parametrize("case", _rewritable_cases(), ids=lambda c: c.name)
-def test_cases_without_graph_passes(case):
-    """The suite runs with `transmuter.load`'s default passes; these cases run with them off
-    (`optimize=False`) too, so both paths stay conformant."""
-    rep = TransmuterBackend.prepare(case.model, optimize=False)
+def test_cases_with_and_without_graph_passes(case, optimize):
+    """With `transmuter.load`'s default passes and with them off (`optimize=False`), so that
+    both paths stay conformant."""
+    rep = TransmuterBackend.prepare(case.model, optimize=optimize)
     rtol, atol = tolerance(case)
     for inputs, expected in case.data_sets:
         # onnx's own comparison, as the suite's runner makes it (bfloat16 and all).
