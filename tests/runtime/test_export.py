@@ -538,10 +538,8 @@ def reloaded(tmp_path_factory):
             scale = 0.9 if options.get("params") == "argument" else 1.0
             if scale != 1.0:
                 params = {k: v * scale for k, v in model.params.items()}
-                outputs = {
-                    k: np.asarray(v)
-                    for k, v in transmuter.run(model, inputs, params=params).items()
-                }
+                run = jax.jit(lambda p, x, model=model: transmuter.run(model, x, params=p))
+                outputs = {k: np.asarray(v) for k, v in run(params, inputs).items()}
             jobs.append(
                 {
                     "artifact": str(folder / name),
