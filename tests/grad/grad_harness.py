@@ -201,6 +201,19 @@ def check_gradients(
     return grads
 
 
+def check_gradients_jit_and_eager(proto: onnx.ModelProto, feeds: Mapping[str, Any], **kwargs):
+    """`check_gradients` under jit and, where a node's lowering can take another path run eagerly
+    (tests/opcheck.py's `eager_can_differ`: it asks whether a value is traced), eagerly too.
+    Other lowerings run the same code either way, so an eager `jax.grad` of them only repeats
+    the jitted check op by op, each op compiled on its own. Returns the jitted gradients."""
+    from opcheck import eager_can_differ  # tests/ is on pytest's path, not model_gradients.py's
+
+    grads = check_gradients(proto, feeds, **kwargs)
+    if eager_can_differ(proto):
+        check_gradients(proto, feeds, eager=True, **kwargs)
+    return grads
+
+
 # float32 rounding through a few operators, relative to max(1, max |gradient|).
 FLOAT32_TOLERANCE = 1e-5
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from grad_harness import check_gradients, graph_model, node_model
+from grad_harness import check_gradients, check_gradients_jit_and_eager, graph_model, node_model
 from onnx import TensorProto, helper
 
 import transmuter
@@ -355,13 +355,8 @@ def pool_case(table: dict, name: str):
 
 
 @pytest.mark.parametrize("name", sorted(WINDOWED_POOLS))
-def test_windowed_pooling_eager(name):
-    check_gradients(*pool_case(WINDOWED_POOLS, name), eager=True)
-
-
-@pytest.mark.parametrize("name", sorted(WINDOWED_POOLS))
-def test_windowed_pooling_under_jit(name):
-    check_gradients(*pool_case(WINDOWED_POOLS, name))
+def test_windowed_pooling(name):
+    check_gradients_jit_and_eager(*pool_case(WINDOWED_POOLS, name))
 
 
 @pytest.mark.parametrize("name", sorted(GLOBAL_POOLS))
@@ -371,13 +366,12 @@ def test_global_pooling(name):
 
 # With the Indices output wanted, Y still comes from the max reduction alone: JAX cannot
 # differentiate the (value, index) reduction that gives the indices.
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "jit"])
 @pytest.mark.parametrize("dilations", [[1, 1], [2, 1]], ids=["plain", "dilated"])
-def test_max_pool_with_indices_output(dilations, eager):
+def test_max_pool_with_indices_output(dilations):
     x = distinct(1, 1, 5, 4)
     attrs = {"kernel_shape": [2, 2], "dilations": dilations}
     proto = node_model("MaxPool", ["X"], attrs, outputs=["Y", "I"], inputs={"X": x})
-    check_gradients(proto, {"X": x}, eager=eager)
+    check_gradients_jit_and_eager(proto, {"X": x})
 
 
 # ---- Resize -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from grad_harness import check_gradients, node_model
+from grad_harness import check_gradients, check_gradients_jit_and_eager, node_model
 from onnx import TensorProto
 
 MS = "com.microsoft"
@@ -173,13 +173,12 @@ def test_rms_normalization_over_two_axes():
     check_gradients(proto, {"X": x})
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "jit"])
-def test_lrn(eager):
+def test_lrn():
     x = data(1, 4, 3)
     proto = node_model(
         "LRN", ["X"], {"size": 3, "alpha": 0.1, "beta": 0.75, "bias": 1.0}, inputs={"X": x}
     )
-    check_gradients(proto, {"X": x}, eager=eager)
+    check_gradients_jit_and_eager(proto, {"X": x})
 
 
 # ---- softmax ------------------------------------------------------------------------------
