@@ -19,12 +19,6 @@ def pytest_report_header(config):
     return cpu.describe()
 
 
-# Directories of whole models and pipelines (seconds a test) run before the op tests (a tenth of
-# a second each), so that two workers end on small tests together instead of one waiting for
-# the other's last pipeline.
-MODEL_LEVEL_FIRST = ("pipelines", "models", "grad", "serving", "runtime", "examples", "fuzz")
-
-
 def pytest_addoption(parser):
     parser.addoption(
         "--every-nth-case",
@@ -47,10 +41,3 @@ def pytest_collection_modifyitems(config, items):
             (kept if index % n == 0 else dropped).append(item)
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-
-    def rank(item) -> int:
-        parts = item.nodeid.split("/")
-        directory = parts[1] if len(parts) > 2 else ""
-        return MODEL_LEVEL_FIRST.index(directory) if directory in MODEL_LEVEL_FIRST else 99
-
-    items.sort(key=rank)  # stable: each directory keeps its own order
