@@ -85,9 +85,10 @@ def test_top_k_per_row_keeps_the_k_largest():
     # Row 0 k=2, row 1 k=0 (every token), row 2 k past the vocabulary: the draws each allows.
     logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]] * 3))
     drawn = [set(), set(), set()]
+    choose = jax.jit(choose_rows, static_argnames="eos")  # as the step runs it: one compile
     for step in range(200):
         keys = jax.random.split(jax.random.key(step), 3)
-        tokens = choose_rows(
+        tokens = choose(
             logits, jnp.zeros((3, 4), bool), jnp.zeros(3, jnp.int32), keys,
             temperature=jnp.ones(3), top_k=jnp.array([2, 0, 9]), top_p=jnp.ones(3),
             penalty=jnp.ones(3), min_new=jnp.zeros(3, jnp.int32), eos=(),

@@ -14,15 +14,25 @@ import transmuter
 from transmuter.errors import InputError
 
 
+@pytest.fixture(scope="module")
+def bert_in_twos():
+    """The bert encoder in batches of 2, compiled once for the pooled tests."""
+    return transmuter.pipeline("feature-extraction", REPOS / "bert", batch_size=2).encoder
+
+
 @pytest.mark.parametrize(
     "pooling, normalize, key",
     [("mean", True, "mean"), ("mean", False, "mean_unnormalized"), ("cls", False, "cls")],
 )
-def test_pooled_embeddings_match_transformers(pooling, normalize, key):
+def test_pooled_embeddings_match_transformers(bert_in_twos, pooling, normalize, key):
     want = expected("bert")
     embed = transmuter.pipeline(
         "feature-extraction", REPOS / "bert", pooling=pooling, normalize=normalize, batch_size=2
     )
+    # The same encoder as the one just built, with its programs: pooling and normalizing are
+    # the pipeline's own, on the host.
+    assert embed.encoder.batch_size == bert_in_twos.batch_size == 2
+    embed.encoder = bert_in_twos
     got = embed(want["texts"])  # a batch of 2 (padded) and a batch of 1
     np.testing.assert_allclose(got, want[key], atol=1e-5)
     np.testing.assert_allclose(embed(want["texts"][1]), want[key][1], atol=1e-5)
@@ -53,23 +63,27 @@ def test_token_embeddings_come_per_text_without_padding():
     np.testing.assert_allclose(rows[0].mean(0), want["mean_unnormalized"][0], atol=1e-5)
 
 
-def test_text_classification_labels_and_scores():
+@pytest.fixture(scope="module")
+def ranked():
+    """text-classification with every label's score (top_k=None)."""
+    return transmuter.pipeline("text-classification", REPOS / "bert-sst", top_k=None)
+
+
+def test_text_classification_labels_and_scores(ranked):
     want = expected("bert-sst")
     classify = transmuter.pipeline("text-classification", REPOS / "bert-sst")
     got = classify(want["texts"])
     assert [g["label"] for g in got] == want["labels"]
     np.testing.assert_allclose([g["score"] for g in got], np.max(want["scores"], 1), atol=1e-5)
-    ranked = transmuter.pipeline("text-classification", REPOS / "bert-sst", top_k=None)(
-        want["texts"][0]
-    )
-    assert [r["label"] for r in ranked][0] == want["labels"][0]
+    every = ranked(want["texts"][0])
+    assert [r["label"] for r in every][0] == want["labels"][0]
     np.testing.assert_allclose(
-        sorted(r["score"] for r in ranked), sorted(want["scores"][0]), atol=1e-5
+        sorted(r["score"] for r in every), sorted(want["scores"][0]), atol=1e-5
     )
 
 
-def test_text_pairs_and_functions_to_apply():
-    classify = transmuter.pipeline("text-classification", REPOS / "bert-sst", top_k=None)
+def test_text_pairs_and_functions_to_apply(ranked):
+    classify = ranked
     pair = {"text": "a question", "text_pair": "an answer"}
     logits = classify(pair, function_to_apply="none")
     scores = np.array([r["score"] for r in logits])

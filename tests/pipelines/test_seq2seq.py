@@ -1,8 +1,10 @@
 """text2text-generation (T5, BART) and automatic-speech-recognition (Whisper) against
-transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py, and the number
-of programs each decoding compiles. decoding="past" compiles a program per step the first
-time (Optimum's exports take no self-attention mask), so it is compared on the first
-PAST_TOKENS tokens (slow-marked) and "padded", the same tokens through bucketed programs, on all 40."""
+transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py at 40 tokens with
+min_new_tokens=40, and the number of programs each decoding compiles. decoding="past" compiles
+a program per step the first time (Optimum's exports take no self-attention mask), so it is
+compared on the first few tokens and "padded", the same tokens through bucketed programs, on
+all 40. Each pipeline is built once per module: programs of the same batch size and settings
+are shared between tests."""
 
 from __future__ import annotations
 
@@ -29,14 +31,15 @@ def t5_padded():
     return transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="padded")
 
 
+@pytest.fixture(scope="module")
+def bart_padded():
+    return transmuter.pipeline("text2text-generation", REPOS / "bart", decoding="padded")
+
+
 # decoding="past" compiles a program per token for each batch size and decoder: its
 # comparisons stop at PAST_TOKENS, past the first steps where the cache starts.
-DECODINGS = [pytest.param("past", marks=pytest.mark.slow), "padded"]
-PAST_TOKENS = 12
-
-
-def tokens(decoding: str) -> int:
-    return PAST_TOKENS if decoding == "past" else 40
+PAST_TOKENS = 6
+RECORDED = 40  # the recorded new tokens, and their min_new_tokens
 
 
 def first(rows: list[list[int]], n: int, repo: str) -> list[list[int]]:
@@ -54,6 +57,8 @@ def expected_forced_eos(repo: str) -> int | None:
 
 
 def test_t5_first_tokens_and_no_recompiles(t5):
+    # T5's decoder_model.onnx and decoder_with_past_model.onnx, decoding="past" on a batch.
+    assert not t5.decoder.merged
     want = expected("t5")["batch"]
     got = t5.generate(want["input_ids"], max_new_tokens=6, **want["options"])
     assert got == [row[:6] for row in want["new_tokens"]]
@@ -68,6 +73,7 @@ def test_t5_first_tokens_and_no_recompiles(t5):
 
 
 def test_padded_decoding_of_forty_tokens_compiles_four_programs(t5_padded):
+    assert not t5_padded.decoder.merged
     want = expected("t5")["single"]
     before = t5_padded.programs
     got = t5_padded.generate(want["input_ids"], max_new_tokens=40, **want["options"])
@@ -78,25 +84,30 @@ def test_padded_decoding_of_forty_tokens_compiles_four_programs(t5_padded):
     assert t5_padded.programs - before == 4
 
 
-@pytest.mark.parametrize("decoding", DECODINGS)
-@pytest.mark.parametrize("name", ["t5", "bart"])
-@pytest.mark.parametrize("case", ["single", "batch"])
-def test_greedy_tokens_are_transformers(name, case, decoding):
-    want = expected(name)[case]
-    generate = transmuter.pipeline("text2text-generation", REPOS / name, decoding=decoding)
+# Batches of three right-padded texts: T5 "past" is test_t5_first_tokens_and_no_recompiles's,
+# T5's single text through "padded" test_padded_decoding_of_forty_tokens_compiles_four_programs's.
+@pytest.mark.parametrize(
+    "name, decoding",
+    [("t5", "padded"), ("bart", "padded"), pytest.param("bart", "past", marks=pytest.mark.slow)],
+)
+def test_greedy_tokens_are_transformers(name, decoding, request):
+    want = expected(name)["batch"]
+    if decoding == "padded":
+        generate = request.getfixturevalue(f"{name}_padded")
+    else:
+        generate = transmuter.pipeline("text2text-generation", REPOS / name, decoding=decoding)
     assert generate.decoder.merged == (name == "bart")
-    n = tokens(decoding)
+    n = PAST_TOKENS if decoding == "past" else RECORDED
     got = generate.generate(want["input_ids"], max_new_tokens=n, **want["options"])
     assert got == first(want["new_tokens"], n, name)
 
 
-@pytest.mark.parametrize("decoding", DECODINGS)
-def test_t5_repetition_penalty_is_transformers(decoding):
-    t5 = transmuter.pipeline("text2text-generation", REPOS / "t5", decoding=decoding)
+def test_t5_repetition_penalty_is_transformers(t5_padded):
+    # The penalty is applied where both decodings choose tokens (generation.choose). It
+    # changes the second row at its second token and the first at its eighth: 12 show both.
     want = expected("t5")["penalty"]
-    n = tokens(decoding)
-    got = t5.generate(want["input_ids"], max_new_tokens=n, **want["options"])
-    assert got == first(want["new_tokens"], n, "t5")
+    got = t5_padded.generate(want["input_ids"], max_new_tokens=12, **want["options"])
+    assert got == first(want["new_tokens"], 12, "t5")
 
 
 def test_text2text_options_are_checked(t5):
@@ -132,11 +143,17 @@ def test_whisper_prompt_from_generation_config(whisper):
 def test_whisper_transcribes_waveforms(whisper):
     want = expected("whisper")["batch"]
     waves = waveforms()
-    out = whisper(waves, max_new_tokens=3, min_new_tokens=3)
+    out = whisper(waves, max_new_tokens=3, min_new_tokens=RECORDED)
     assert [o["text"] for o in out] == [
         whisper.tokenizer.decode(r[:3], skip_special_tokens=True) for r in want["new_tokens"]
     ]
-    one = whisper({"array": waves[0], "sampling_rate": 16000}, max_new_tokens=3, min_new_tokens=3)
+    # The tokens themselves, through the same programs.
+    features = log_mel(waves, whisper.features)
+    got = whisper.generate(features, max_new_tokens=3, min_new_tokens=RECORDED)
+    assert got == first(want["new_tokens"], 3, "whisper")
+    one = whisper(
+        {"array": waves[0], "sampling_rate": 16000}, max_new_tokens=3, min_new_tokens=RECORDED
+    )
     assert one == out[0]
     with pytest.raises(InputError, match="resample it first"):
         whisper({"array": waves[0], "sampling_rate": 8000})
@@ -149,30 +166,43 @@ def whisper_padded():
     return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper", decoding="padded")
 
 
-@pytest.mark.parametrize("decoding", DECODINGS)
-@pytest.mark.parametrize("case", ["single", "batch", "french"])
+# "batch" is "single"'s waveform and another; "french" is single's with another prompt.
+@pytest.mark.parametrize(
+    "case, decoding",
+    [
+        ("single", "padded"),
+        ("batch", "padded"),
+        ("french", "padded"),
+        pytest.param("batch", "past", marks=pytest.mark.slow),
+    ],
+)
 def test_whisper_greedy_tokens_are_transformers(case, decoding, request):
     # One pipeline per decoding: batch 1's programs serve both single and french.
     whisper = request.getfixturevalue("whisper" if decoding == "past" else "whisper_padded")
     want = expected("whisper")[case]
     features = log_mel(waveforms()[: len(want["new_tokens"])], whisper.features)
-    n = tokens(decoding)
-    got = whisper.generate(features, max_new_tokens=n, min_new_tokens=n, **want["options"])
+    n = PAST_TOKENS if decoding == "past" else RECORDED
+    got = whisper.generate(features, max_new_tokens=n, min_new_tokens=RECORDED, **want["options"])
     assert got == first(want["new_tokens"], n, "whisper")
 
 
-def test_the_padded_decoder_bucket_stops_at_the_position_table():
-    whisper = transmuter.pipeline(
-        "automatic-speech-recognition", REPOS / "whisper", decoding="padded"
-    )
+def test_the_padded_decoder_bucket_stops_at_the_position_table(whisper_padded):
     want = expected("whisper")["single"]
-    features = log_mel(waveforms()[:1], whisper.features)
-    whisper.decoder.positions = 40  # as if the table were 40 long: buckets 16, 32, then 40
-    with pytest.raises(InputError, match="need 44 positions; the model has 40"):
-        whisper.generate(features, max_new_tokens=40, **want["options"])
-    got = whisper.generate(features, max_new_tokens=36, min_new_tokens=36, **want["options"])
-    assert got == [row[:36] for row in want["new_tokens"]]
-    assert whisper.decoder._bucket(33) == 40
+    features = log_mel(waveforms()[:1], whisper_padded.features)
+    decoder, positions = whisper_padded.decoder, whisper_padded.decoder.positions
+    # As if the table were 40 long: buckets 16, 32 (the greedy tests' programs), then 40.
+    decoder.positions = 40
+    try:
+        with pytest.raises(InputError, match="need 44 positions; the model has 40"):
+            whisper_padded.generate(features, max_new_tokens=40, **want["options"])
+        # min_new_tokens as recorded (past 36: no end of sequence), the greedy tests' settings.
+        got = whisper_padded.generate(
+            features, max_new_tokens=36, min_new_tokens=RECORDED, **want["options"]
+        )
+        assert got == [row[:36] for row in want["new_tokens"]]
+        assert decoder._bucket(33) == 40
+    finally:
+        decoder.positions = positions
 
 
 def test_padded_decoding_refuses_a_decoder_fixed_to_one_token(tmp_path):

@@ -182,24 +182,21 @@ def test_a_hub_repo_loads_its_subfolders_at_one_commit(hub, repo):  # noqa: F811
     assert f"snapshots/{commit}/unet/model.onnx" in remote.onnx["unet"].as_posix()
     assert remote.scheduler_config == repo.scheduler_config
     assert remote.configs["unet"]["sample_size"] == 16
-    inputs = {
-        "sample": np.linspace(-1, 1, 2 * 4 * 16 * 16, dtype=np.float32).reshape(2, 4, 16, 16),
-        "timestep": np.float32(501.0),
-        "encoder_hidden_states": np.full((2, 16, 16), 0.1, np.float32),
-    }
-    here = transmuter.run(repo.model("unet"), inputs)["out_sample"]
-    there = transmuter.run(remote.model("unet"), inputs)["out_sample"]
-    np.testing.assert_array_equal(np.asarray(here), np.asarray(there))
+    # The snapshot's UNet is the folder's file, and loads to the same weights (the folder's
+    # runs in every test above; a run of each would compile the UNet twice).
+    assert remote.onnx["unet"].read_bytes() == repo.onnx["unet"].read_bytes()
+    here, there = repo.model("unet"), remote.model("unet")
+    assert (there.inputs, there.outputs) == (here.inputs, here.outputs)
+    assert list(there.params) == list(here.params)
+    for name, value in here.params.items():
+        np.testing.assert_array_equal(np.asarray(there.params[name]), np.asarray(value))
 
 
+# The "dpm" case (DPM-Solver++ 2M, guided, from pure noise) is "no-guidance"'s steps with
+# "euler"'s guidance; "img2img-dpm" runs DPM-Solver++ guided too.
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["ddim", "dpm"])
-def test_other_schedulers_match_diffusers(repo, arrays, scheduler):
-    check(
-        transmuter.pipeline("text-to-image", repo, scheduler=CASES[scheduler]["scheduler"]),
-        scheduler,
-        arrays,
-    )
+def test_ddim_matches_diffusers(repo, arrays):
+    check(transmuter.pipeline("text-to-image", repo, scheduler="ddim"), "ddim", arrays)
 
 
 @pytest.mark.slow
