@@ -143,6 +143,7 @@ def test_whisper_prompt_from_generation_config(whisper):
 def test_whisper_transcribes_waveforms(whisper):
     want = expected("whisper")["batch"]
     waves = waveforms()
+    # min_new_tokens as the greedy tests pass it (the recording's), so their programs serve.
     out = whisper(waves, max_new_tokens=3, min_new_tokens=RECORDED)
     assert [o["text"] for o in out] == [
         whisper.tokenizer.decode(r[:3], skip_special_tokens=True) for r in want["new_tokens"]
