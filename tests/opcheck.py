@@ -129,7 +129,9 @@ def eager_can_differ(model: onnx.ModelProto) -> bool:
     `_concrete`), itself or through the functions it calls, so that run eagerly it can take
     another path than compiled; an unsupported node counts, for its error. The other lowerings
     run the same code either way, and an eager run of them only repeats the compiled one op by
-    op (a third of tests/ops' time)."""
+    op (a third of tests/ops' time). So do those that ask only through `ctx.host_value` (a
+    method, which this search does not enter): compiled, a traced value breaks the graph there
+    and the node runs on the concrete one, as it does eagerly."""
     opsets = {o.domain: o.version for o in model.opset_import}
     for node in model.graph.node:
         try:

@@ -6,6 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import jax
+import numpy as np
+
 from transmuter import ir
 from transmuter.errors import HostValueNeeded
 
@@ -40,6 +43,14 @@ class OpContext:
                 "may_need_host or strings_on_host"
             )
         raise HostValueNeeded(self.node.label, self.node.op_type, self.node.inputs[index], reason)
+
+    def host_value(self, index: int, value: Any, reason: str) -> np.ndarray:
+        """Input `index`, `value`, as a numpy array. A traced value cannot be one, so it asks for
+        the input on the host (`need_host`): compiled, the graph breaks here and the node runs on
+        the concrete value, as it does eagerly, so both take the same path."""
+        if isinstance(value, jax.core.Tracer):
+            self.need_host(index, reason)
+        return np.asarray(value)
 
     @property
     def num_outputs(self) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import util as jax_util  # JAX's staging caches have no public handle of their own
 
 from transmuter import ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
@@ -196,10 +197,7 @@ class SegmentRunner:
                 cache.popitem(last=False)  # dropping the executable frees it
                 evicted += 1
         if evicted:
-            # JAX's own tracing and lowering caches keep an entry for every shape ever traced:
-            # clearing them frees what the evicted shapes cost (the programs Transmuter keeps
-            # are its own references and stay usable).
-            jax.clear_caches()
+            _forget_traced_shapes()
         pending.set_result(segment)
         if evicted and telemetry.listening("transmuter.cache.evict"):
             evict_metadata = {**metadata, "cache_size": self.cache_size}
@@ -329,6 +327,15 @@ class SegmentRunner:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent, name in needed):
                     env[name] = to_device(value)
+
+
+def _forget_traced_shapes() -> None:
+    """Free what JAX's staging caches keep for every shape ever traced (each jnp function holds
+    a jaxpr and a lowering per shape it saw), so that memory follows `cache_size`. The programs
+    Transmuter keeps are its own references and stay usable, and JAX's C++ dispatch caches are
+    left alone: a caller's own jitted functions keep their compiled programs, which
+    `jax.clear_caches()` would drop and make every one of them compile again."""
+    jax_util.clear_all_caches()
 
 
 def _checked(program: Callable) -> Callable:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -199,9 +198,7 @@ def _roi_align(
         # Each RoI samples ceil(bin size) points per bin and axis: the gather's size depends on
         # RoI values. Under a trace, ask the runtime to break the graph here and re-run with
         # concrete RoIs.
-        if isinstance(rois, jax.core.Tracer):
-            ctx.need_host(1, _ROI_SIZES)
-        _, bins = geometry(np.asarray(rois), np)
+        _, bins = geometry(ctx.host_value(1, rois, _ROI_SIZES), np)
         grids = tuple(np.ceil(b).astype(np.int64) for b in bins)
     else:
         raise ValueError(f"RoiAlign: sampling_ratio must be >= 0, got {sampling_ratio}")

@@ -359,9 +359,8 @@ for _name, _since, _combine, _on_dims in (
 def where(ctx, condition, X, Y):
     """ONNX Where-9..16: X where condition holds, else Y, broadcast."""
     xp = np if on_host(condition, X, Y) else array_module(X, Y)
-    if xp is np and isinstance(condition, jax.core.Tracer):
-        # Strings live on the host, so choosing among them needs the condition there too.
-        ctx.need_host(0, "the condition, to pick strings")
+    if xp is np:  # strings live on the host, so choosing among them needs the condition there
+        condition = ctx.host_value(0, condition, "the condition, to pick strings")
     return xp.where(condition, X, Y)
 
 
@@ -532,8 +531,8 @@ _CAST = {**_CAST_LIKE, "symbolic": cast_dims}
 
 def _target(ctx, x, to):
     """Strings exist only on the host: a traced input cannot become one."""
-    if np.dtype(to).kind == "O" and isinstance(x, jax.core.Tracer):
-        ctx.need_host(0, "its input, to print it as strings")
+    if np.dtype(to).kind == "O":
+        ctx.host_value(0, x, "its input, to print it as strings")
     return to
 
 

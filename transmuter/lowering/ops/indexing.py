@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -45,8 +44,8 @@ def _wrap(xp, indices, size: int, what: str):
 def _strings_need_host_indices(ctx, strings, indices, position: int = 1) -> None:
     """String tensors live on the host, so the indices into them (node input `position`) must be
     concrete: traced ones are a graph break, and the compiling runtime runs this node eagerly."""
-    if array_module(strings) is np and isinstance(indices, jax.core.Tracer):
-        ctx.need_host(position, "indices into a string tensor")
+    if array_module(strings) is np:
+        ctx.host_value(position, indices, "indices into a string tensor")
 
 
 # --------------------------------------------------------------------------------- gathering

@@ -38,13 +38,6 @@ def strings_array(values, shape) -> np.ndarray:
     return out.reshape(shape)
 
 
-def host_value(ctx, value, position: int, why: str) -> np.ndarray:
-    """`value` (node input `position`) as numpy; a traced value is a graph break."""
-    if isinstance(value, jax.core.Tracer):
-        ctx.need_host(position, why)
-    return np.asarray(value)
-
-
 def one_of(op_type: str, what: str, **candidates):
     """The name and value of the single attribute among `candidates` that is set."""
     given = [(name, value) for name, value in candidates.items() if value is not None]
@@ -62,7 +55,7 @@ def class_labels(ctx, op_type: str, X, **candidates):
     picked by its scores there)."""
     name, labels = one_of(op_type, "the class labels", **candidates)
     if name == "classlabels_strings":
-        X = host_value(ctx, X, 0, "the input of a classifier with string labels")
+        X = ctx.host_value(0, X, "the input of a classifier with string labels")
         return strings_array(labels, (-1,)), X
     return np.asarray(labels, np.int64), X
 
@@ -142,7 +135,7 @@ def binarizer(X, *, threshold=0.0):
 def array_feature_extractor(ctx, X, Y):
     """ONNX-ML ArrayFeatureExtractor-1: X[..., Y.flatten()]; a vector X gives one row."""
     if _is_strings(X):
-        indices = host_value(ctx, Y, 1, "indices into a string tensor").reshape(-1)
+        indices = ctx.host_value(1, Y, "indices into a string tensor").reshape(-1)
         xp = np
     else:
         indices, xp = Y.reshape(-1), jnp
@@ -384,7 +377,7 @@ def _map(ctx, x, keys: np.ndarray, values: np.ndarray, default) -> object:
         found = [latest.get(v, missing) for v in x.reshape(-1)]
         return table[np.asarray(found, np.int64)].reshape(x.shape)
     if values.dtype == object:
-        xp, x = np, host_value(ctx, x, 0, "values mapped to strings")
+        xp, x = np, ctx.host_value(0, x, "values mapped to strings")
     else:
         xp, x = jnp, jnp.asarray(x)
     if np.dtype(x.dtype) != keys.dtype:
