@@ -50,7 +50,7 @@ def generate(pipe, name, arrays, **more):
     case = CASES[name]
     options = {
         k: case[k]
-        for k in ("negative_prompt", "guidance_scale", "num_images_per_prompt")
+        for k in ("negative_prompt", "guidance_scale", "guidance_rescale", "num_images_per_prompt")
         if k in case
     }
     if "strength" in case:
@@ -134,6 +134,10 @@ def test_bad_inputs_say_what_was_expected(euler):
         euler("a cat", negative_prompt=["x", "y"])
     with pytest.raises(InputError, match="prompt must be a string or a non-empty list"):
         euler([])
+    with pytest.raises(InputError, match=r"guidance_rescale must be a number in \[0, 1\]"):
+        euler("a cat", guidance_rescale=1.5)
+    with pytest.raises(InputError, match="guidance_scale=1.0 turns off"):
+        euler("a cat", guidance_scale=1.0, guidance_rescale=0.5)
     with pytest.raises(InputError, match="runs no step"):
         euler("a cat", image=np.zeros((32, 32, 3), np.uint8), strength=0.1, num_inference_steps=4)
 
@@ -227,6 +231,14 @@ def test_a_batch_of_prompts_with_negatives_at_another_aspect_ratio(euler, arrays
     check(euler, "batch", arrays)
     images = euler(["a cat", "a red cube"], height=24, width=40, num_images_per_prompt=2, seed=1)
     assert [i.size for i in images] == [(40, 24)] * 4
+
+
+@pytest.mark.slow
+def test_guidance_rescale_matches_diffusers(euler, arrays):
+    check(euler, "rescaled", arrays)
+    # Unrescaled, the same latents end elsewhere: the check above sees the rescale.
+    plain, _ = generate(euler, "rescaled", arrays, guidance_rescale=0.0)
+    assert np.abs(plain - arrays["rescaled/images"]).max() > 10 * IMAGE_TOLERANCE
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ text encoder, the whole denoising loop (`lax.fori_loop` over the UNet's JAX func
 scheduler's update as array code from schedulers.py, classifier-free guidance as a batch of
 two) and the VAE decoder are ONE compiled program: no host round trip per step. Progress comes
 out of the loop through `jax.debug.callback`. A program is compiled per (steps, height, width,
-batch, guidance on or off, image-to-image or not) and reused; the step tables, the guidance
-scale, the strength and the noise are its arguments. No dim is bucketed: each image size and
+batch, guidance on or off, guidance rescaled or not, image-to-image or not) and reused; the
+step tables, the guidance scale and rescale, the strength and the noise are its arguments. No dim is bucketed: each image size and
 batch is its own program.
 
 The repo: model_index.json, text_encoder/, unet/, vae_decoder/ (and vae_encoder/ for
@@ -161,6 +161,7 @@ class _Request:
     steps: int
     begin: int  # the first step run (image-to-image skips the noisiest)
     guided: bool
+    rescaled: bool  # guidance_rescale > 0
     pixels: np.ndarray | None  # [batch, 3, height, width] in [-1, 1], for image-to-image
 
 
@@ -168,7 +169,8 @@ class TextToImage:
     """Generate images from prompts (a string or a list). Option: scheduler (a diffusers class
     name or "euler", "euler_a", "ddim", "dpm++2m"; default the repo's scheduler_config.json).
     Per call: num_inference_steps (50), guidance_scale (7.5; above 1 runs classifier-free
-    guidance), negative_prompt, height and width (multiples of 8; default the UNet's
+    guidance), guidance_rescale (0.0; diffusers' rescale of the guided prediction toward the
+    conditional one's standard deviation, in [0, 1]), negative_prompt, height and width (multiples of 8; default the UNet's
     sample_size times the VAE's factor), num_images_per_prompt (1), latents (the initial
     noise, [batch, 4, height / f, width / f] before the scheduler's scaling, as diffusers
     takes it) or seed (same seed, same images, ancestral samplers' per-step noise included),
@@ -207,7 +209,9 @@ class TextToImage:
             raise ModelLoadError(f"{repo.source}: the VAE's shift_factor is not supported")
         self.length, self.pad_id = self._text_settings()
         self.compiles = 0  # programs traced so far: one per (steps, size, batch, mode)
-        self._program = jax.jit(self._generate, static_argnames=("guided", "report", "encode"))
+        self._program = jax.jit(
+            self._generate, static_argnames=("guided", "rescaled", "report", "encode")
+        )
         self._noise = jax.jit(_noise, static_argnames=("shape", "steps", "stochastic", "encode"))
         self._callback: Callable | None = None
         self._bar: Any = None
@@ -254,6 +258,7 @@ class TextToImage:
         negative_prompt: str | Sequence[str] | None = None,
         num_inference_steps: int = 50,
         guidance_scale: float = 7.5,
+        guidance_rescale: float = 0.0,
         height: int | None = None,
         width: int | None = None,
         num_images_per_prompt: int = 1,
@@ -271,6 +276,7 @@ class TextToImage:
             negative_prompt,
             num_inference_steps,
             guidance_scale,
+            guidance_rescale,
             height,
             width,
             num_images_per_prompt,
@@ -289,7 +295,7 @@ class TextToImage:
             latent_noise if given is None else given,
             step_noise,
             image_noise,
-            float(guidance_scale),
+            (float(guidance_scale), float(guidance_rescale)),
             callback,
         )
         if output_type == "np":
@@ -299,7 +305,7 @@ class TextToImage:
         return [Image.fromarray(np.round(row * 255).astype(np.uint8)) for row in images]
 
     def _request(
-        self, prompt, negative, steps, guidance, height, width, per_prompt, image, strength
+        self, prompt, negative, steps, guidance, rescale, height, width, per_prompt, image, strength
     ) -> _Request:
         prompts = _texts(prompt, "prompt")
         if not isinstance(steps, int) or steps < 1:
@@ -307,6 +313,13 @@ class TextToImage:
         if not isinstance(per_prompt, int) or per_prompt < 1:
             raise InputError(f"num_images_per_prompt must be a positive int; got {per_prompt!r}")
         guided = float(guidance) > 1.0
+        if not isinstance(rescale, (int, float)) or not 0 <= rescale <= 1:
+            raise InputError(f"guidance_rescale must be a number in [0, 1]; got {rescale!r}")
+        if rescale and not guided:
+            raise InputError(
+                f"guidance_rescale={rescale} rescales classifier-free guidance, which "
+                f"guidance_scale={guidance} turns off: give guidance_scale > 1 or no rescale"
+            )
         ids = np.repeat(self._tokenize(prompts), per_prompt, axis=0)
         if guided:
             negatives = (
@@ -337,7 +350,7 @@ class TextToImage:
             if not isinstance(size, int) or size < 1 or size % SIZE_MULTIPLE:
                 raise InputError(f"{name} must be a positive multiple of 8; got {size!r}")
         shape = (batch, self.channels, height // self.vae_factor, width // self.vae_factor)
-        return _Request(ids, shape, steps, begin, guided, pixels)
+        return _Request(ids, shape, steps, begin, guided, rescale > 0, pixels)
 
     def _tokenize(self, texts: list[str]) -> np.ndarray:
         """Token ids padded (and truncated) to the prompt length, as diffusers tokenizes."""
@@ -409,6 +422,7 @@ class TextToImage:
         )
 
     def _run(self, request, tables, latents, step_noise, image_noise, guidance, callback):
+        """Run the program; `guidance` is (guidance_scale, guidance_rescale)."""
         report = "callback" if callback is not None else ("bar" if _terminal() else None)
         self._callback = callback
         if report == "bar":
@@ -425,9 +439,11 @@ class TextToImage:
                 None if request.pixels is None else jnp.asarray(request.pixels),
                 {k: jnp.asarray(_single(v)) for k, v in tables.items()},
                 jnp.float32(self.scheduler.init_noise_sigma(tables)),
-                jnp.float32(guidance),
+                jnp.float32(guidance[0]),
+                jnp.float32(guidance[1]),
                 jnp.int32(request.begin),
                 guided=request.guided,
+                rescaled=request.rescaled,
                 report=report,
                 encode=request.pixels is not None,
             )
@@ -458,9 +474,11 @@ class TextToImage:
         tables,
         init_sigma,
         guidance,
+        rescale,
         begin,
         *,
         guided: bool,
+        rescaled: bool,
         report: str | None,
         encode: bool,
     ):
@@ -486,6 +504,8 @@ class TextToImage:
             if guided:
                 unconditional, conditional = jnp.split(output, 2)
                 output = unconditional + guidance * (conditional - unconditional)
+                if rescaled:
+                    output = rescale_guided(output, conditional, rescale)
             noise = step_noise[i] if scheduler.stochastic else None
             sample, carry = scheduler.step(tables, i, begin, output, sample, carry, noise)
             if report is not None:
@@ -530,6 +550,18 @@ class TextToImage:
             self._callback(int(step), float(timestep), np.asarray(latents))
         elif self._bar is not None:
             self._bar.update(1)
+
+
+def rescale_guided(guided, conditional, rescale):
+    """The guided prediction moved toward the conditional one's standard deviation, image by
+    image: `rescale` of it scaled by std(conditional) / std(guided), and 1 - `rescale` of it as
+    it is (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps are Flawed",
+    section 3.4, as diffusers' guidance_rescale applies it)."""
+    axes = tuple(range(1, guided.ndim))
+    ratio = jnp.std(conditional, axis=axes, keepdims=True) / jnp.std(
+        guided, axis=axes, keepdims=True
+    )
+    return rescale * guided * ratio + (1 - rescale) * guided
 
 
 def _noise(key, *, shape, steps, stochastic, encode):
