@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax
 import numpy as np
 
 import transmuter
@@ -143,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--max-client-batch-size", type=int, default=32, help="items a request")
     serve.add_argument("--dtype", help="transformers.js weight files: fp32, fp16, q8, q4, q4f16")
+    serve.add_argument(
+        "--model-shards", type=int, default=1,
+        help="split the params over this many devices (tensor parallel), for a model too "
+        "large for one",
+    )  # fmt: skip
     serve.add_argument("--model-id", help="the name clients give as model (default: the folder's)")
     serve.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
@@ -425,6 +431,15 @@ def serve_(args) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     repo = transmuter.load_repo(args.repo, dtype=args.dtype)
+    if args.model_shards != 1:
+        devices = jax.devices()
+        if not 1 < args.model_shards <= len(devices):
+            print(f"error: --model-shards {args.model_shards} needs that many devices, and "
+                  f"there are {len(devices)} ({devices[0].platform})", file=sys.stderr)  # fmt: skip
+            return 1
+        mesh = jax.sharding.Mesh(np.array(devices[: args.model_shards]), ("model",))
+        repo.shard(mesh, "model")
+        _progress(f"params split over {args.model_shards} {devices[0].platform} devices")
     model_id = args.model_id or args.repo.rstrip("/").split("/")[-1].split("@")[0]
     server = http.Server(
         repo, args.task, model_id=model_id, batch_size=args.batch_size,

@@ -148,6 +148,23 @@ def test_an_mlp_is_a_column_then_a_row_and_the_head_a_column():
     assert find_splits(graph) == {"w1": 1, "w2": 1, "head": 1}
 
 
+def test_weights_read_inside_an_ifs_branches_pair_up_as_outside():
+    # Optimum's merged decoders: an If whose branches read the main graph's weights by name.
+    def branch(tag):
+        nodes = [
+            ir.Node("MatMul", "", ("x", "w1"), (f"h{tag}",)),
+            ir.Node("Relu", "", (f"h{tag}",), (f"a{tag}",)),
+            ir.Node("MatMul", "", (f"a{tag}", "w2"), (f"o{tag}",)),
+        ]
+        return ir.Graph(nodes, [], [ir.ValueInfo(f"o{tag}", None)], {})
+
+    graph = linear_graph(
+        ir.Node("If", "", ("flag",), ("y",), {"then_branch": branch(0), "else_branch": branch(1)}),
+        weights={"w1": (8, 32), "w2": (32, 8)},
+    )
+    assert find_splits(graph) == {"w1": 1, "w2": 0}
+
+
 def test_matmul_nbits_pairs_split_n_then_the_blocks():
     nbits = {"K": 8, "N": 16, "bits": 4, "block_size": 8}
     graph = linear_graph(

@@ -7,6 +7,7 @@ request's while the metrics add up. SIGTERM answers what is queued, then exits."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -30,14 +31,17 @@ SERVE = "from transmuter.cli import main; raise SystemExit(main())"
 class Running:
     """A `transmuter serve` process and an httpx client for it."""
 
-    def __init__(self, repo: Path, task: str, *options: str, ready: bool = True):
+    def __init__(
+        self, repo: Path, task: str, *options: str, ready: bool = True, env: dict | None = None
+    ):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-c", SERVE, "serve", str(repo), "--task", task,
                    "--port", str(self.port), *options]  # fmt: skip
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        environment = None if env is None else {**os.environ, **env}
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
         self.http = httpx.Client(base_url=self.url, timeout=120)
         self.wait(200 if ready else None)
 
@@ -71,7 +75,8 @@ class Running:
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(60)
         self.http.close()
-        return code in (0, -signal.SIGTERM) and "Traceback" not in self.process.stderr.read()
+        self.log = self.process.stderr.read()  # what the server printed
+        return code in (0, -signal.SIGTERM) and "Traceback" not in self.log
 
 
 @pytest.fixture(scope="module")

@@ -68,10 +68,21 @@ TASKS = {
 __all__ = ["TASKS", "Repo", "load_repo", "pipeline"]
 
 
-def pipeline(task: str, repo: Repo | str | os.PathLike, *, dtype: str | None = None, **options):
+def pipeline(
+    task: str,
+    repo: Repo | str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    mesh: Any = None,
+    model_axis: str | None = None,
+    **options,
+):
     """A callable for `task` on `repo` (a `Repo`, a local folder or `hf://org/repo[@revision]`;
-    `dtype` picks transformers.js weight files, see `load_repo`). The options are the task's
-    (see its class in TASKS)."""
+    `dtype` picks transformers.js weight files, see `load_repo`). `mesh` and `model_axis`
+    place the models' params on a `jax.sharding.Mesh`, split over that axis (`Repo.shard`).
+    The options are the task's (see its class in TASKS)."""
+    if model_axis is not None and mesh is None:
+        raise InputError(f"model_axis={model_axis!r} names an axis of a mesh: give mesh= too")
     if task.startswith("translation_"):
         # transformers' translation_xx_to_yy names: the translation task, told its languages.
         task, options = "translation", {**options, "task": task}
@@ -82,6 +93,8 @@ def pipeline(task: str, repo: Repo | str | os.PathLike, *, dtype: str | None = N
         repo = getattr(TASKS[task], "load_repo", load_repo)(repo, dtype=dtype)
     elif dtype is not None:
         raise InputError("dtype chooses files when loading: give a source, not a loaded Repo")
+    if mesh is not None:
+        repo.shard(mesh, model_axis)
     factory = TASKS[task]
     accepted = _options(factory)
     unknown = sorted(set(options) - set(accepted)) if accepted is not None else []

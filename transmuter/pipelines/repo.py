@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import transmuter
-from transmuter.errors import ModelLoadError
+from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
 
 CONFIGS = (
@@ -69,6 +69,18 @@ class Repo:
     tokenizer: Any = None
     found: list[str] = field(default_factory=list)  # every file found, for error messages
     _models: dict[str, transmuter.Model] = field(default_factory=dict, repr=False)
+    _load_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def shard(self, mesh: Any, model_axis: str | None = None) -> None:
+        """Load this repository's models with their params on `mesh`, split over `model_axis`
+        (`transmuter.load`'s options): the tasks then run on its devices, XLA's partitioner
+        adding the collectives. Placement happens as a model is read, so before any is."""
+        if self._models:
+            raise InputError(
+                f"{self.source}: {sorted(self._models)} already loaded on one device; shard the "
+                "repo before a pipeline loads its models"
+            )
+        self._load_options = {"mesh": mesh, "model_axis": model_axis}
 
     def model(self, role: str) -> transmuter.Model:
         """The ONNX file of `role`, loaded once."""
@@ -77,7 +89,7 @@ class Repo:
                 f"{self.source} has no {ROLES.get(role, role)}.onnx; found {self.found}"
             )
         if role not in self._models:
-            self._models[role] = transmuter.load(self.onnx[role])
+            self._models[role] = transmuter.load(self.onnx[role], **self._load_options)
         return self._models[role]
 
     def require_tokenizer(self, task: str) -> Any:

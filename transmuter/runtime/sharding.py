@@ -20,7 +20,8 @@ here is per model; the rules read the graph:
 Repeated layers that load's `layers` pass made one Scan read their weights stacked along a new
 first axis (named after the first layer's weight, `...__layers`): the rules above apply inside
 the Scan's body, to one layer's slice, and a `param_sharding` spec matching a stacked weight
-places each slice (the layer axis is never split).
+places each slice (the layer axis is never split). The branches of an If or a Loop (Optimum's
+merged decoders) read the enclosing graph's weights by name, and the same rules apply there.
 
 Placement is never a matter of correctness (the partitioner computes the same function for any
 placement), only of the collectives it needs.
@@ -151,7 +152,21 @@ def find_splits(graph: ir.Graph) -> dict[str, int]:
     for node in graph.nodes:
         for stacked, axis in _layer_splits(graph, node).items():
             splits.setdefault(stacked, axis)
+        for branch in _branches(node):
+            # The branch reads the weights by their outer names (a merged decoder's If).
+            scope = {**graph.initializers, **branch.initializers}
+            inner = ir.Graph(branch.nodes, branch.inputs, branch.outputs, scope)
+            for name, axis in find_splits(inner).items():
+                if name in graph.initializers:
+                    splits.setdefault(name, axis)
     return splits
+
+
+def _branches(node: ir.Node) -> list[ir.Graph]:
+    """The subgraphs of an If or a Loop, which see the enclosing graph's weights."""
+    if node.op_type not in ("If", "Loop") or node.domain != "":
+        return []
+    return [value for value in node.attrs.values() if isinstance(value, ir.Graph)]
 
 
 def _stacked_layers(graph: ir.Graph, node: ir.Node) -> dict[str, str]:
