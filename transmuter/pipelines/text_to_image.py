@@ -8,8 +8,8 @@ scheduler's update as array code from schedulers.py, classifier-free guidance as
 two) and the VAE decoder are ONE compiled program: no host round trip per step. Progress comes
 out of the loop through `jax.debug.callback`. A program is compiled per (steps, height, width,
 batch, guidance on or off, guidance rescaled or not, image-to-image or not) and reused; the
-step tables, the guidance scale and rescale, the strength and the noise are its arguments. No dim is bucketed: each image size and
-batch is its own program.
+step tables, the guidance scale and rescale, the strength and the noise are its arguments. No
+dim is bucketed: each image size and batch is its own program.
 
 The repo: model_index.json, text_encoder/, unet/, vae_decoder/ (and vae_encoder/ for
 image-to-image) each with model.onnx and config.json, tokenizer/ (tokenizer.json, or CLIP's
@@ -18,6 +18,7 @@ vocab.json + merges.txt) and scheduler/scheduler_config.json; a folder or hf://o
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -170,14 +171,16 @@ class TextToImage:
     name or "euler", "euler_a", "ddim", "dpm++2m"; default the repo's scheduler_config.json).
     Per call: num_inference_steps (50), guidance_scale (7.5; above 1 runs classifier-free
     guidance), guidance_rescale (0.0; diffusers' rescale of the guided prediction toward the
-    conditional one's standard deviation, in [0, 1]), negative_prompt, height and width (multiples of 8; default the UNet's
-    sample_size times the VAE's factor), num_images_per_prompt (1), latents (the initial
-    noise, [batch, 4, height / f, width / f] before the scheduler's scaling, as diffusers
-    takes it) or seed (same seed, same images, ancestral samplers' per-step noise included),
-    image and strength (0.8) for image-to-image (then latents is the noise added),
-    output_type ("pil": a list of Pillow images; "np": float32 [batch, height, width, 3] in
-    [0, 1]), callback (called as callback(step, timestep, latents) after each step, from
-    inside the compiled loop). A tqdm bar shows the steps when stderr is a terminal."""
+    conditional one's standard deviation, in [0, 1]), negative_prompt, height and width
+    (multiples of 8; default the UNet's sample_size times the VAE's factor),
+    num_images_per_prompt (1), latents (the initial noise, [batch, 4, height / f, width / f]
+    before the scheduler's scaling, as diffusers takes it) or seed (same seed, same images,
+    ancestral samplers' per-step noise included), image and strength (0.8) for image-to-image
+    (then latents is the noise added; diffusers' img2img has no guidance_rescale, the same
+    step applies here), output_type ("pil": a list of Pillow images; "np": float32
+    [batch, height, width, 3] in [0, 1]), callback (called as callback(step, timestep,
+    latents) after each step, from inside the compiled loop). A tqdm bar shows the steps when
+    stderr is a terminal."""
 
     task = "text-to-image"
     load_repo = staticmethod(load_diffusion_repo)  # `pipeline()` reads its repos with this
@@ -313,7 +316,7 @@ class TextToImage:
         if not isinstance(per_prompt, int) or per_prompt < 1:
             raise InputError(f"num_images_per_prompt must be a positive int; got {per_prompt!r}")
         guided = float(guidance) > 1.0
-        if not isinstance(rescale, (int, float)) or not 0 <= rescale <= 1:
+        if not isinstance(rescale, numbers.Real) or not 0 <= rescale <= 1:
             raise InputError(f"guidance_rescale must be a number in [0, 1]; got {rescale!r}")
         if rescale and not guided:
             raise InputError(
