@@ -83,20 +83,19 @@ def test_text_classification_labels_and_scores(ranked):
 
 
 def test_text_pairs_and_functions_to_apply(ranked):
-    classify = ranked
     pair = {"text": "a question", "text_pair": "an answer"}
-    logits = classify(pair, function_to_apply="none")
+    logits = ranked(pair, function_to_apply="none")
     scores = np.array([r["score"] for r in logits])
-    softmax = classify(pair)
+    softmax = ranked(pair)
     np.testing.assert_allclose(
         [r["score"] for r in softmax], np.exp(scores) / np.exp(scores).sum(), rtol=1e-5
     )
-    sigmoid = classify([pair], function_to_apply="sigmoid")[0]
+    sigmoid = ranked([pair], function_to_apply="sigmoid")[0]
     np.testing.assert_allclose([r["score"] for r in sigmoid], 1 / (1 + np.exp(-scores)), rtol=1e-5)
     with pytest.raises(InputError, match="function_to_apply must be one of softmax, sigmoid"):
-        classify(pair, function_to_apply="relu")
+        ranked(pair, function_to_apply="relu")
     with pytest.raises(InputError, match="text_pair"):
-        classify({"text": "only one"})
+        ranked({"text": "only one"})
 
 
 def test_token_classification_entities():

@@ -162,7 +162,7 @@ class _Request:
     steps: int
     begin: int  # the first step run (image-to-image skips the noisiest)
     guided: bool
-    rescaled: bool  # guidance_rescale > 0
+    rescale: float  # guidance_rescale, 0 for none
     pixels: np.ndarray | None  # [batch, 3, height, width] in [-1, 1], for image-to-image
 
 
@@ -298,7 +298,7 @@ class TextToImage:
             latent_noise if given is None else given,
             step_noise,
             image_noise,
-            (float(guidance_scale), float(guidance_rescale)),
+            float(guidance_scale),
             callback,
         )
         if output_type == "np":
@@ -353,7 +353,7 @@ class TextToImage:
             if not isinstance(size, int) or size < 1 or size % SIZE_MULTIPLE:
                 raise InputError(f"{name} must be a positive multiple of 8; got {size!r}")
         shape = (batch, self.channels, height // self.vae_factor, width // self.vae_factor)
-        return _Request(ids, shape, steps, begin, guided, rescale > 0, pixels)
+        return _Request(ids, shape, steps, begin, guided, float(rescale), pixels)
 
     def _tokenize(self, texts: list[str]) -> np.ndarray:
         """Token ids padded (and truncated) to the prompt length, as diffusers tokenizes."""
@@ -425,7 +425,6 @@ class TextToImage:
         )
 
     def _run(self, request, tables, latents, step_noise, image_noise, guidance, callback):
-        """Run the program; `guidance` is (guidance_scale, guidance_rescale)."""
         report = "callback" if callback is not None else ("bar" if _terminal() else None)
         self._callback = callback
         if report == "bar":
@@ -442,11 +441,11 @@ class TextToImage:
                 None if request.pixels is None else jnp.asarray(request.pixels),
                 {k: jnp.asarray(_single(v)) for k, v in tables.items()},
                 jnp.float32(self.scheduler.init_noise_sigma(tables)),
-                jnp.float32(guidance[0]),
-                jnp.float32(guidance[1]),
+                jnp.float32(guidance),
+                jnp.float32(request.rescale),
                 jnp.int32(request.begin),
                 guided=request.guided,
-                rescaled=request.rescaled,
+                rescaled=request.rescale > 0,
                 report=report,
                 encode=request.pixels is not None,
             )
