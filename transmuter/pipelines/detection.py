@@ -26,6 +26,9 @@ each image's result then equals transformers' for that image in a batch padded t
 (the processor's `pad_size`), not alone. A `pad_size` in preprocessor_config.json pads every
 image to it, as transformers does: one program.
 
+`DetrFamilyModel` (the processor and the model run per image) is what image-segmentation's
+DETR panoptic shares.
+
 RF-DETR's own export (input "input", outputs "dets" and "labels") is refused: it has no
 preprocessor_config.json or id2label to read the preprocessing and labels from.
 """
@@ -65,60 +68,56 @@ PROCESSOR_DEFAULTS = {
 }
 
 
-class ObjectDetection:
-    """Detect objects in images (numpy HWC arrays, Pillow images or paths; one or a list):
-    per image, [{"score", "label", "box": {"xmin", "ymin", "xmax", "ymax"}}] for the
-    detections scoring above `threshold` (transformers' default 0.5), in the family's order as
-    transformers lists them; with `top_k`, the `top_k` best of those, best first. Both also per
-    call."""
+class DetrFamilyModel:
+    """A DETR-family export and its family's image processor (preprocessor_config.json over the
+    processors' defaults), run one image at a time at its resized size (padded as
+    `padded_size` says): pixel_values (and pixel_mask where the export takes it) in, the
+    `outputs` named out; a program per input size, the `cache_size` most recent kept. What
+    object-detection and image-segmentation (DETR panoptic) share."""
 
     def __init__(
         self,
         repo: Repo,
+        task: str,
+        families: Mapping[str, tuple[str, str]],
+        outputs: tuple[str, ...],
         *,
-        threshold: float = 0.5,
-        top_k: int | None = None,
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
         if cache_size < 1:
             raise InputError(f"cache_size must be at least 1; got {cache_size}")
-        self.repo, self.threshold, self.cache_size = repo, threshold, cache_size
-        self.top_k = _top_k(top_k)
+        self.repo, self.cache_size = repo, cache_size
         self.model = repo.model("model")
-        inputs, outputs = self.model.inputs, self.model.outputs
-        if inputs == ["input"] and {"dets", "labels"} <= set(outputs):
+        inputs, found = self.model.inputs, self.model.outputs
+        if inputs == ["input"] and {"dets", "labels"} <= set(found):
             raise ModelLoadError(
                 f"{repo.source}: this is RF-DETR's own export (input 'input', outputs 'dets' "
                 "and 'labels'); Transmuter runs transformers' detection exports (pixel_values "
                 "in, logits and pred_boxes out) with the repo's preprocessor_config.json"
             )
         model_type = repo.config.get("model_type")
-        if model_type not in FAMILIES:
+        if model_type not in families:
             raise ModelLoadError(
-                f"{repo.source}: config.json's model_type is {model_type!r}; object detection "
-                f"supports {', '.join(FAMILIES)}"
+                f"{repo.source}: config.json's model_type is {model_type!r}; {task} "
+                f"supports {', '.join(families)}"
             )
-        self.processor, self.scoring = FAMILIES[model_type]
-        if not repo.config.get("use_focal_loss", True):
-            # RT-DETR trained without focal loss: softmax scores without the last class, the
-            # best class per query (its post-processor's top-k then keeps every query).
-            self.scoring = "softmax"
+        self.processor = families[model_type][0]
         if not repo.preprocessor_config:
             raise ModelLoadError(
-                f"{repo.source}: object detection needs preprocessor_config.json (the image "
+                f"{repo.source}: {task} needs preprocessor_config.json (the image "
                 f"processor's sizes and normalization); found {repo.found}"
             )
         if "pixel_values" not in inputs or not set(inputs) <= {"pixel_values", "pixel_mask"}:
             raise ModelLoadError(
-                f"{repo.source}: object detection feeds pixel_values (and pixel_mask); the "
-                f"model takes {inputs}"
+                f"{repo.source}: {task} feeds pixel_values (and pixel_mask); the model takes "
+                f"{inputs}"
             )
-        if not {"logits", "pred_boxes"} <= set(outputs):
+        if not set(outputs) <= set(found):
             raise ModelLoadError(
-                f"{repo.source}: object detection reads logits and pred_boxes; the model gives "
-                f"{outputs}"
+                f"{repo.source}: {task} reads {' and '.join(outputs)}; the model gives {found}"
             )
+        self.outputs = outputs
         self.masked = "pixel_mask" in inputs
         if pad_to_multiple_of is not None and (pad_to_multiple_of < 1 or not self.masked):
             raise InputError(
@@ -129,22 +128,6 @@ class ObjectDetection:
         self.multiple = pad_to_multiple_of
         self.config = {**PROCESSOR_DEFAULTS[self.processor], **repo.preprocessor_config}
         self._compiled = None
-
-    def __call__(
-        self, inputs: Any, *, threshold: float | None = None, top_k: int | None = None
-    ) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [inputs] if single else list(inputs)
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        threshold = self.threshold if threshold is None else threshold
-        top_k = self.top_k if top_k is None else _top_k(top_k)
-        results = []
-        for image in images:
-            image = load_image(image)
-            logits, boxes = self._run(self.pixels(image))
-            results.append(self._detections(logits, boxes, image.size, threshold, top_k))
-        return results[0] if single else results
 
     def pixels(self, image: Any) -> np.ndarray:
         """The family's processor: float32 [3, height, width] for one image."""
@@ -175,7 +158,8 @@ class ObjectDetection:
             return tuple(-(-n // self.multiple) * self.multiple for n in (height, width))
         return height, width
 
-    def _run(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
+        """The outputs named in `outputs` for one image's pixels, without the batch dim."""
         height, width = pixels.shape[1:]
         padded = self.padded_size(height, width)
         pad = ((0, 0), (0, padded[0] - height), (0, padded[1] - width))
@@ -185,11 +169,61 @@ class ObjectDetection:
             inputs["pixel_mask"][:, :height, :width] = 1
         if self._compiled is None:
             self._compiled = transmuter.compile(self.model, inputs, cache_size=self.cache_size)
-        outputs = self._compiled(inputs)
-        return (
-            np.asarray(outputs["logits"], np.float32)[0],
-            np.asarray(outputs["pred_boxes"], np.float32)[0],
+        found = self._compiled(inputs)
+        return {name: np.asarray(found[name], np.float32)[0] for name in self.outputs}
+
+
+class ObjectDetection(DetrFamilyModel):
+    """Detect objects in images (numpy HWC arrays, Pillow images or paths; one or a list):
+    per image, [{"score", "label", "box": {"xmin", "ymin", "xmax", "ymax"}}] for the
+    detections scoring above `threshold` (transformers' default 0.5), in the family's order as
+    transformers lists them; with `top_k`, the `top_k` best of those, best first. Both also per
+    call."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        threshold: float = 0.5,
+        top_k: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        cache_size: int = 8,
+    ):
+        self.threshold = threshold
+        self.top_k = _top_k(top_k)
+        super().__init__(
+            repo,
+            "object detection",
+            FAMILIES,
+            ("logits", "pred_boxes"),
+            pad_to_multiple_of=pad_to_multiple_of,
+            cache_size=cache_size,
         )
+        self.scoring = FAMILIES[repo.config["model_type"]][1]
+        if not repo.config.get("use_focal_loss", True):
+            # RT-DETR trained without focal loss: softmax scores without the last class, the
+            # best class per query (its post-processor's top-k then keeps every query).
+            self.scoring = "softmax"
+
+    def __call__(
+        self, inputs: Any, *, threshold: float | None = None, top_k: int | None = None
+    ) -> Any:
+        single = not isinstance(inputs, (list, tuple))
+        images = [inputs] if single else list(inputs)
+        if not images:
+            raise InputError("give an image or a non-empty list of them")
+        threshold = self.threshold if threshold is None else threshold
+        top_k = self.top_k if top_k is None else _top_k(top_k)
+        results = []
+        for image in images:
+            image = load_image(image)
+            logits, boxes = self._run(self.pixels(image))
+            results.append(self._detections(logits, boxes, image.size, threshold, top_k))
+        return results[0] if single else results
+
+    def _run(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        found = self.run(pixels)
+        return found["logits"], found["pred_boxes"]
 
     def _detections(
         self,

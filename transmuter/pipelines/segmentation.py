@@ -1,11 +1,27 @@
-"""The image-segmentation task, semantic, for SegFormer: images in, one {"score": None,
-"label", "mask"} per class present out, as transformers' pipeline returns semantic
-segmentations: the logits upsampled bilinearly to the image's size (as
-SegformerImageProcessor's post_process_semantic_segmentation does), the argmax per pixel, and
-per class in id order a Pillow "L" mask (255 where the class won).
+"""The image-segmentation task: images in, one list of {"score", "label", "mask": Pillow "L"
+image, 255 inside} per image out, as transformers' pipeline returns them, for SegFormer
+(semantic) and DETR (panoptic, instance, semantic).
 
-SegformerImageProcessor resizes every image to one size, so only the batch dim varies:
-bucketed to powers of two up to `batch_size`."""
+The subtask: the one asked for, else the first the processor's post-processing has in the
+pipeline's order (panoptic, instance, semantic). Its outputs, as transformers' processors give
+them (masks upsampled bilinearly to the image's size, torch's align_corners=False):
+- semantic: per pixel the class with the highest score (SegFormer: its logits; DETR: per class
+  the sum over queries of the class probability, softmax without the no-object class, times
+  the mask's sigmoid), upsampled before the argmax; per class present in id order a mask, with
+  "score" None.
+- panoptic and instance (DETR's post_process_panoptic_segmentation and
+  post_process_instance_segmentation, which the pipeline calls alike: it fuses no labels): each
+  query's score and class from the softmax over every class, no-object included; the queries
+  whose class is an object and whose score is above `threshold` (0.9), in query order, with
+  their masks' sigmoids upsampled and weighted by the score; each pixel goes to the query with
+  the highest weighted mask; a query is a segment where it has pixels and these are more than
+  `overlap_mask_area_threshold` (0.5, the pipeline's default) of its weighted mask's pixels at
+  or above `mask_threshold` (0.5). Scores are rounded to 6 digits, as transformers rounds them.
+  No segment gives [].
+
+Shapes: SegformerImageProcessor resizes every image to one size, so only the batch dim varies
+(bucketed to powers of two up to `batch_size`). DETR runs each image alone at its resized size
+(detection.py's `DetrFamilyModel`): a program per size, the `cache_size` most recent kept."""
 
 from __future__ import annotations
 
@@ -14,22 +30,39 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.detection import FAMILIES, DetrFamilyModel
 from transmuter.pipelines.encoders import _labels
 from transmuter.pipelines.image_tasks import PixelModel, image_list, resize_maps
 from transmuter.pipelines.images import load_image, preprocess
 from transmuter.pipelines.repo import Repo
 
-# The subtasks each image processor's post-processing gives, as the pipeline chooses them.
-SUBTASKS = {"SegformerImageProcessor": ("semantic",)}
+# The subtasks each image processor's post-processing gives, in the order the pipeline tries them.
+SUBTASKS = {
+    "SegformerImageProcessor": ("semantic",),
+    "DetrImageProcessor": ("panoptic", "instance", "semantic"),
+}
 
 
 class ImageSegmentation:
     """Segment images (numpy arrays, Pillow images or paths; one or a list): a list of
-    {"score", "label", "mask"} per image. `subtask` None or "semantic" (SegFormer's only)."""
+    {"score", "label", "mask"} per image. `subtask`: None (the processor's first of panoptic,
+    instance, semantic) or one it has; `threshold`, `mask_threshold` and
+    `overlap_mask_area_threshold` as transformers' pipeline passes them to panoptic and instance
+    post-processing (semantic ignores them). All also per call."""
 
-    def __init__(self, repo: Repo, *, subtask: str | None = None, batch_size: int = 8):
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        subtask: str | None = None,
+        threshold: float = 0.9,
+        mask_threshold: float = 0.5,
+        overlap_mask_area_threshold: float = 0.5,
+        batch_size: int = 8,
+        cache_size: int = 8,
+    ):
         self.images = repo.preprocessor_config
-        processor = self.images.get("image_processor_type")
+        processor = _processor_class(self.images)
         if processor not in SUBTASKS:
             raise ModelLoadError(
                 f"{repo.source}: image-segmentation supports {', '.join(SUBTASKS)} "
@@ -37,10 +70,24 @@ class ImageSegmentation:
             )
         self.subtasks = SUBTASKS[processor]
         self.subtask = self._subtask(subtask)
+        self.options = {
+            "threshold": threshold,
+            "mask_threshold": mask_threshold,
+            "overlap_mask_area_threshold": overlap_mask_area_threshold,
+        }
+        self.repo = repo
+        if processor == "DetrImageProcessor":
+            self.model = DetrFamilyModel(
+                repo,
+                "image-segmentation",
+                {"detr": FAMILIES["detr"]},
+                ("logits", "pred_masks"),
+                cache_size=cache_size,
+            )
+            return
         self.model = PixelModel(repo, "model", "image-segmentation", batch_size)
         if "logits" not in self.model.model.outputs:
             raise ModelLoadError(f"{repo.source}: the model has no output 'logits'")
-        self.repo = repo
 
     def _subtask(self, subtask: str | None) -> str:
         if subtask is None:
@@ -52,27 +99,105 @@ class ImageSegmentation:
             )
         return subtask
 
-    def __call__(self, inputs: Any, *, subtask: str | None = None) -> Any:
-        self._subtask(subtask)
+    def __call__(
+        self,
+        inputs: Any,
+        *,
+        subtask: str | None = None,
+        threshold: float | None = None,
+        mask_threshold: float | None = None,
+        overlap_mask_area_threshold: float | None = None,
+    ) -> Any:
+        subtask = self.subtask if subtask is None else self._subtask(subtask)
+        given = {
+            "threshold": threshold,
+            "mask_threshold": mask_threshold,
+            "overlap_mask_area_threshold": overlap_mask_area_threshold,
+        }
+        options = {k: self.options[k] if v is None else v for k, v in given.items()}
         images, single = image_list(inputs)
         images = [load_image(image) for image in images]
-        rows = self.model.run([preprocess(image, self.images) for image in images])
+        if isinstance(self.model, DetrFamilyModel):
+            rows = [self.model.run(self.model.pixels(image)) for image in images]
+        else:
+            rows = self.model.run([preprocess(image, self.images) for image in images])
         results = [
-            self._segments(row["logits"], (image.height, image.width))
+            self._segments(row, (image.height, image.width), subtask, options)
             for image, row in zip(images, rows)
         ]
         return results[0] if single else results
 
-    def _segments(self, logits: np.ndarray, size: tuple[int, int]) -> list[dict[str, Any]]:
-        from PIL import Image
+    def _segments(
+        self,
+        outputs: dict[str, np.ndarray],
+        size: tuple[int, int],
+        subtask: str,
+        options: dict[str, float],
+    ) -> list[dict[str, Any]]:
+        if not isinstance(self.model, DetrFamilyModel):
+            return self._semantic(outputs["logits"], size)
+        logits = outputs["logits"].astype(np.float32)  # [queries, classes + 1]
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        masks = 1 / (1 + np.exp(-outputs["pred_masks"].astype(np.float32)))
+        if subtask == "semantic":
+            maps = np.einsum("qc,qhw->chw", probabilities[:, :-1], masks, optimize=True)
+            return self._semantic(maps, size)
+        return self._panoptic(probabilities, masks, size, **options)
 
-        classes = resize_maps(logits, size, "bilinear").argmax(0)
-        labels = _labels(self.repo, logits.shape[0])
+    def _semantic(self, maps: np.ndarray, size: tuple[int, int]) -> list[dict[str, Any]]:
+        classes = resize_maps(maps, size, "bilinear").argmax(0)
+        labels = _labels(self.repo, maps.shape[0])
         return [
-            {
-                "score": None,
-                "label": labels[found],
-                "mask": Image.fromarray(((classes == found) * 255).astype(np.uint8), mode="L"),
-            }
+            {"score": None, "label": labels[found], "mask": _mask(classes == found)}
             for found in np.unique(classes)
         ]
+
+    def _panoptic(
+        self,
+        probabilities: np.ndarray,
+        masks: np.ndarray,
+        size: tuple[int, int],
+        threshold: float,
+        mask_threshold: float,
+        overlap_mask_area_threshold: float,
+    ) -> list[dict[str, Any]]:
+        nothing = probabilities.shape[-1] - 1  # the no-object class, last
+        scores, classes = probabilities.max(-1), probabilities.argmax(-1)
+        keep = np.flatnonzero((classes != nothing) & (scores > threshold))
+        if not len(keep):
+            return []
+        weighted = resize_maps(masks[keep], size, "bilinear") * scores[keep, None, None]
+        owner = weighted.argmax(0)
+        labels = _labels(self.repo, nothing)
+        segments = []
+        for k, query in enumerate(keep):
+            inside = owner == k
+            area, whole = inside.sum(), (weighted[k] >= mask_threshold).sum()
+            if not (area and whole):
+                continue
+            # The ratio in float32, as torch divides the two counts (4 / 5 > 0.8 there).
+            if float(np.float32(area) / np.float32(whole)) > overlap_mask_area_threshold:
+                segments.append(
+                    {
+                        "score": round(float(scores[query]), 6),
+                        "label": labels[classes[query]],
+                        "mask": _mask(inside),
+                    }
+                )
+        return segments
+
+
+def _mask(inside: np.ndarray) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(inside.astype(np.uint8) * 255, mode="L")
+
+
+def _processor_class(config: dict[str, Any]) -> str | None:
+    """The image processor's class as the pipeline would load it: older repos
+    (facebook/detr-resnet-50-panoptic) name a feature extractor, some the fast processor."""
+    name = config.get("image_processor_type") or config.get("feature_extractor_type")
+    if not isinstance(name, str):
+        return name
+    return name.removesuffix("Fast").replace("FeatureExtractor", "ImageProcessor")

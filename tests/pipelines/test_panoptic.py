@@ -1,0 +1,107 @@
+"""image-segmentation's DETR panoptic, instance and semantic against transformers' pipeline
+(make_panoptic.py's tiny DetrForSegmentation, on detection_images.py's seeded images of four
+sizes and aspect ratios)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPOS, expected
+
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
+
+sys.path.insert(0, str(REPOS.parent))
+from detection_images import images  # noqa: E402  (the images the fixture was recorded on)
+
+Image = pytest.importorskip("PIL.Image")
+
+NAME = "detr-panoptic"
+
+
+@pytest.fixture(scope="module")
+def segment():
+    return transmuter.pipeline("image-segmentation", REPOS / NAME)
+
+
+@pytest.fixture(scope="module")
+def masks():
+    with np.load(REPOS / NAME / "masks.npz") as found:
+        return dict(found)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum() / max((a | b).sum(), 1))
+
+
+def assert_same(row: list, run: str, i: int, masks: dict) -> None:
+    """Image i's transformers' labels in order, scores within 1e-4, masks of IoU >= 0.999."""
+    want = expected(NAME)[run]
+    assert [r["label"] for r in row] == want["labels"][i]
+    assert all(list(r) == ["score", "label", "mask"] for r in row)
+    if run == "semantic":
+        assert all(r["score"] is None for r in row)
+    else:
+        assert all(isinstance(r["score"], float) for r in row)
+        np.testing.assert_allclose([r["score"] for r in row], want["scores"][i], atol=1e-4)
+    for j, r in enumerate(row):
+        assert r["mask"].mode == "L" and r["mask"].size == images()[i].shape[1::-1]
+        mask = np.asarray(r["mask"])
+        assert set(np.unique(mask)) <= {0, 255}
+        assert iou(mask > 0, masks[f"{run}_{i}_{j}"]) >= 0.999
+
+
+@pytest.mark.slow  # four programs (one per resized size): 8-14 s to compile on 2 cores
+@pytest.mark.parametrize("run", ["panoptic", "instance", "semantic", "default"])
+def test_segments_are_transformers(segment, masks, run, tmp_path):
+    options = expected(NAME)["options"][run]
+    batch = images()
+    path = tmp_path / "image.png"
+    Image.fromarray(batch[3]).save(path)
+    got = segment([batch[0], Image.fromarray(batch[1]), batch[2], path], **options)
+    assert len(got) == 4
+    for i, row in enumerate(got):
+        assert_same(row, run, i, masks)
+
+
+def test_options_at_load_single_image_and_nothing_found(masks):
+    options = expected(NAME)["options"]["instance"]
+    segment = transmuter.pipeline("image-segmentation", REPOS / NAME, **options)
+    assert segment(images()[3]) == []  # nothing above the threshold
+    assert_same(segment(images()[1]), "instance", 1, masks)  # one image: its list
+    # Per call options win over the load's.
+    assert segment(images()[1], threshold=0.95) == []
+    assert len(segment.model._compiled.signatures) == 2  # a program per resized size
+
+
+def test_errors(segment):
+    with pytest.raises(InputError, match="'panoptic', 'instance', 'semantic'"):
+        segment(images()[0], subtask="panoptc")
+    with pytest.raises(InputError, match="'panoptic', 'instance', 'semantic'"):
+        transmuter.pipeline("image-segmentation", REPOS / NAME, subtask="depth")
+    with pytest.raises(InputError, match="non-empty list"):
+        segment([])
+    # DETR without the mask head: object detection's export.
+    with pytest.raises(ModelLoadError, match="reads logits and pred_masks"):
+        transmuter.pipeline("image-segmentation", REPOS / "detr")
+    with pytest.raises(ModelLoadError, match="supports SegformerImageProcessor, Detr.*'Yolos"):
+        transmuter.pipeline("image-segmentation", REPOS / "yolos")
+
+
+def test_overlap_ratio_is_float32(segment):
+    """A query keeps 4 of its 5 pixels: transformers' ratio is float32's 4 / 5, above 0.8."""
+    probabilities = np.full((2, 5), 0.0125, np.float32)
+    probabilities[0, 0] = probabilities[1, 1] = 0.95
+    masks = np.asarray([[[1, 1, 1, 1, 0.9]], [[0, 0, 0, 0, 1]]], np.float32)
+    options = {"threshold": 0.9, "mask_threshold": 0.5}
+    found = segment._panoptic(
+        probabilities, masks, (1, 5), overlap_mask_area_threshold=0.8, **options
+    )
+    assert [r["label"] for r in found] == ["cat", "dog"]
+    assert np.asarray(found[0]["mask"]).tolist() == [[255, 255, 255, 255, 0]]
+    found = segment._panoptic(
+        probabilities, masks, (1, 5), overlap_mask_area_threshold=0.81, **options
+    )
+    assert [r["label"] for r in found] == ["dog"]
