@@ -72,6 +72,9 @@ CASES = {
     "depth-estimation/depth-anything": Case("depth-estimation", "depth-anything", image),
     "image-segmentation/segformer": Case("image-segmentation", "segformer", image),
     "image-segmentation/detr-panoptic": Case("image-segmentation", "detr-panoptic", image),
+    "image-segmentation/mask2former-panoptic": Case(
+        "image-segmentation", "mask2former-panoptic", image
+    ),
     "object-detection/detr": Case("object-detection", "detr", image),
     "object-detection/detr-pad64": Case(
         "object-detection", "detr", image, options={"pad_to_multiple_of": 64}

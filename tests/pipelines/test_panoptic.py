@@ -1,6 +1,7 @@
-"""image-segmentation's DETR panoptic, instance and semantic against transformers' pipeline
-(make_panoptic.py's tiny DetrForSegmentation, on detection_images.py's seeded images of four
-sizes and aspect ratios)."""
+"""image-segmentation's DETR panoptic, instance and semantic and Mask2Former's panoptic and
+semantic against transformers' pipeline (make_panoptic.py's tiny DetrForSegmentation and
+Mask2FormerForUniversalSegmentation, on detection_images.py's seeded images of four sizes and
+aspect ratios)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from detection_images import images  # noqa: E402  (the images the fixture was r
 Image = pytest.importorskip("PIL.Image")
 
 NAME = "detr-panoptic"
+M2F = "mask2former-panoptic"
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +34,19 @@ def masks():
         return dict(found)
 
 
+@pytest.fixture(scope="module")
+def m2f_masks():
+    with np.load(REPOS / M2F / "masks.npz") as found:
+        return dict(found)
+
+
 def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float((a & b).sum() / max((a | b).sum(), 1))
 
 
-def assert_same(row: list, run: str, i: int, masks: dict) -> None:
+def assert_same(row: list, run: str, i: int, masks: dict, name: str = NAME) -> None:
     """Image i's transformers' labels in order, scores within 1e-4, masks of IoU >= 0.999."""
-    want = expected(NAME)[run]
+    want = expected(name)[run]
     assert [r["label"] for r in row] == want["labels"][i]
     assert all(list(r) == ["score", "label", "mask"] for r in row)
     if run == "semantic":
@@ -94,7 +102,9 @@ def test_overlap_ratio_is_float32(segment):
     """A query keeps 4 of its 5 pixels: transformers' ratio is float32's 4 / 5, above 0.8."""
     probabilities = np.full((2, 5), 0.0125, np.float32)
     probabilities[0, 0] = probabilities[1, 1] = 0.95
-    masks = np.asarray([[[1, 1, 1, 1, 0.9]], [[0, 0, 0, 0, 1]]], np.float32)
+    # Mask logits: sigmoids of about 1 and 0.9 for the first query, 1 at the last pixel for the
+    # second (which takes that pixel).
+    masks = np.asarray([[[10, 10, 10, 10, 2.2]], [[-10, -10, -10, -10, 10]]], np.float32)
     options = {"threshold": 0.9, "mask_threshold": 0.5}
     found = segment._panoptic(
         probabilities, masks, (1, 5), overlap_mask_area_threshold=0.8, **options
@@ -105,3 +115,30 @@ def test_overlap_ratio_is_float32(segment):
         probabilities, masks, (1, 5), overlap_mask_area_threshold=0.81, **options
     )
     assert [r["label"] for r in found] == ["dog"]
+
+
+# --- Mask2Former --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def m2f():
+    return transmuter.pipeline("image-segmentation", REPOS / M2F)
+
+
+@pytest.mark.parametrize("run", ["panoptic", "semantic", "default", "high"])
+def test_mask2former_is_transformers(m2f, m2f_masks, run):
+    got = m2f(images(), **expected(M2F)["options"][run])
+    assert len(got) == 4
+    for i, row in enumerate(got):
+        assert_same(row, run, i, m2f_masks, M2F)
+    assert len(m2f.model._compiled.signatures) == 1  # every image resized to 64 x 96
+
+
+def test_mask2former_resize_and_instance():
+    segment = transmuter.pipeline("image-segmentation", REPOS / M2F)
+    resized = expected(M2F)["resized"]
+    segment.model.config["size"] = resized["size"]  # sides rounded up to multiples of 32
+    assert segment.model.config["size_divisor"] == resized["size_divisor"]
+    assert [list(segment.model.pixels(p).shape[1:]) for p in images()] == resized["shapes"]
+    with pytest.raises(InputError, match="'panoptic', 'semantic' .*unsorted top-k"):
+        segment(images()[0], subtask="instance")

@@ -8,6 +8,8 @@ Each family's image processor, from preprocessor_config.json:
   ones (an image alone fills its input).
 - YOLOS: the same resize, each side then floored to a multiple of 16 (its processor's rule).
 - RT-DETR: resize to {"height", "width"}, rescale (normalization off in its configs).
+- Mask2Former (image-segmentation only): DETR's resize, each side then rounded up to a
+  multiple of `size_divisor` (32).
 
 And its post-processing (transformers' `post_process_object_detection`): DETR and YOLOS take
 the softmax without the last (no-object) class and keep the queries whose best class scores
@@ -27,7 +29,7 @@ each image's result then equals transformers' for that image in a batch padded t
 image to it, as transformers does: one program.
 
 `DetrFamilyModel` (the processor and the model run per image) is what image-segmentation's
-DETR panoptic shares.
+DETR and Mask2Former share.
 
 RF-DETR's own export (input "input", outputs "dets" and "labels") is refused: it has no
 preprocessor_config.json or id2label to read the preprocessing and labels from.
@@ -65,6 +67,7 @@ PROCESSOR_DEFAULTS = {
     "detr": DETR_DEFAULTS,
     "yolos": DETR_DEFAULTS,
     "rt_detr": {"do_normalize": False, "size": {"height": 640, "width": 640}, "resample": 2},
+    "mask2former": {**DETR_DEFAULTS, "size_divisor": 32},
 }
 
 
@@ -139,6 +142,12 @@ class DetrFamilyModel:
                 wanted = _detr_size(wanted, config.get("max_size", 1333))
             resize = _yolos_resized if self.processor == "yolos" else _resized
             width, height = resize(image.size, wanted)
+            if self.processor == "mask2former":
+                # Mask2FormerImageProcessor resizes to sides rounded up to a multiple (older
+                # configs call it size_divisibility).
+                divisor = int(config.get("size_divisibility", config["size_divisor"]) or 0)
+                if divisor:
+                    width, height = (-(-n // divisor) * divisor for n in (width, height))
             config["size"] = {"height": height, "width": width}
         return preprocess(image, config)
 

@@ -1,16 +1,18 @@
 """The image-segmentation task: images in, one list of {"score", "label", "mask": Pillow "L"
 image, 255 inside} per image out, as transformers' pipeline returns them, for SegFormer
-(semantic) and DETR (panoptic, instance, semantic).
+(semantic), DETR (panoptic, instance, semantic) and Mask2Former (panoptic, semantic).
 
 The subtask: the one asked for, else the first the processor's post-processing has in the
 pipeline's order (panoptic, instance, semantic). Its outputs, as transformers' processors give
-them (masks upsampled bilinearly to the image's size, torch's align_corners=False):
-- semantic: per pixel the class with the highest score (SegFormer: its logits; DETR: per class
-  the sum over queries of the class probability, softmax without the no-object class, times
-  the mask's sigmoid), upsampled before the argmax; per class present in id order a mask, with
-  "score" None.
+them (masks upsampled bilinearly to the image's size, torch's align_corners=False; Mask2Former's
+mask logits first to 384 x 384, as its processor's post-processing does for every model):
+- semantic: per pixel the class with the highest score (SegFormer: its logits; DETR,
+  Mask2Former: per class the sum over queries of the class probability, softmax without the
+  no-object class, times the mask's sigmoid), upsampled before the argmax; per class present
+  in id order a mask, with "score" None.
 - panoptic and instance (DETR's post_process_panoptic_segmentation and
-  post_process_instance_segmentation, which the pipeline calls alike: it fuses no labels): each
+  post_process_instance_segmentation, which the pipeline calls alike: it fuses no labels;
+  Mask2Former's panoptic): each
   query's score and class from the softmax over every class, no-object included; the queries
   whose class is an object and whose score is above `threshold` (0.9), in query order, with
   their masks' sigmoids upsampled and weighted by the score; each pixel goes to the query with
@@ -18,10 +20,13 @@ them (masks upsampled bilinearly to the image's size, torch's align_corners=Fals
   `overlap_mask_area_threshold` (0.5, the pipeline's default) of its weighted mask's pixels at
   or above `mask_threshold` (0.5). Scores are rounded to 6 digits, as transformers rounds them.
   No segment gives [].
+Mask2Former's instance post-processing is not here: it lists segments in the order of torch's
+unsorted top-k over (query, class) pairs, an order of torch's implementation.
 
 Shapes: SegformerImageProcessor resizes every image to one size, so only the batch dim varies
-(bucketed to powers of two up to `batch_size`). DETR runs each image alone at its resized size
-(detection.py's `DetrFamilyModel`): a program per size, the `cache_size` most recent kept."""
+(bucketed to powers of two up to `batch_size`). DETR and Mask2Former run each image alone at its
+resized size (detection.py's `DetrFamilyModel`): a program per size, the `cache_size` most
+recent kept."""
 
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import FAMILIES, DetrFamilyModel
+from transmuter.pipelines.detection import DetrFamilyModel
 from transmuter.pipelines.encoders import _labels
 from transmuter.pipelines.image_tasks import PixelModel, image_list, resize_maps
 from transmuter.pipelines.images import load_image, preprocess
@@ -40,6 +45,18 @@ from transmuter.pipelines.repo import Repo
 SUBTASKS = {
     "SegformerImageProcessor": ("semantic",),
     "DetrImageProcessor": ("panoptic", "instance", "semantic"),
+    "Mask2FormerImageProcessor": ("panoptic", "semantic"),
+}
+# Query-based models: image processor -> (model_type, class logits, mask logits, the size the
+# post-processing resizes the mask logits to first).
+QUERY_MODELS = {
+    "DetrImageProcessor": ("detr", "logits", "pred_masks", None),
+    "Mask2FormerImageProcessor": (
+        "mask2former",
+        "class_queries_logits",
+        "masks_queries_logits",
+        (384, 384),
+    ),
 }
 
 
@@ -68,6 +85,7 @@ class ImageSegmentation:
                 f"{repo.source}: image-segmentation supports {', '.join(SUBTASKS)} "
                 f"(preprocessor_config.json); this repo has {processor!r}"
             )
+        self.processor = processor
         self.subtasks = SUBTASKS[processor]
         self.subtask = self._subtask(subtask)
         self.options = {
@@ -76,12 +94,14 @@ class ImageSegmentation:
             "overlap_mask_area_threshold": overlap_mask_area_threshold,
         }
         self.repo = repo
-        if processor == "DetrImageProcessor":
+        if processor in QUERY_MODELS:
+            model_type, classes, masks, self.first = QUERY_MODELS[processor]
+            self.outputs = classes, masks
             self.model = DetrFamilyModel(
                 repo,
                 "image-segmentation",
-                {"detr": FAMILIES["detr"]},
-                ("logits", "pred_masks"),
+                {model_type: (model_type, "softmax")},
+                self.outputs,
                 cache_size=cache_size,
             )
             return
@@ -93,9 +113,15 @@ class ImageSegmentation:
         if subtask is None:
             return self.subtasks[0]
         if subtask not in self.subtasks:
+            why = ""
+            if subtask == "instance" and self.processor == "Mask2FormerImageProcessor":
+                why = (
+                    " (Mask2Former's instance post-processing orders segments as torch's "
+                    "unsorted top-k leaves them, which Transmuter does not reproduce)"
+                )
             raise InputError(
                 f"subtask {subtask!r} is not supported for this model; it does "
-                f"{', '.join(map(repr, self.subtasks))}"
+                f"{', '.join(map(repr, self.subtasks))}{why}"
             )
         return subtask
 
@@ -136,14 +162,22 @@ class ImageSegmentation:
     ) -> list[dict[str, Any]]:
         if not isinstance(self.model, DetrFamilyModel):
             return self._semantic(outputs["logits"], size)
-        logits = outputs["logits"].astype(np.float32)  # [queries, classes + 1]
+        logits = outputs[self.outputs[0]].astype(np.float32)  # [queries, classes + 1]
         probabilities = np.exp(logits - logits.max(-1, keepdims=True))
         probabilities /= probabilities.sum(-1, keepdims=True)
-        masks = 1 / (1 + np.exp(-outputs["pred_masks"].astype(np.float32)))
+        masks = outputs[self.outputs[1]]  # [queries, height, width] logits
         if subtask == "semantic":
-            maps = np.einsum("qc,qhw->chw", probabilities[:, :-1], masks, optimize=True)
+            maps = np.einsum(
+                "qc,qhw->chw", probabilities[:, :-1], self._probabilities(masks), optimize=True
+            )
             return self._semantic(maps, size)
         return self._panoptic(probabilities, masks, size, **options)
+
+    def _probabilities(self, masks: np.ndarray) -> np.ndarray:
+        """Mask logits' sigmoids, after the resize the post-processor makes first."""
+        if self.first is not None:
+            masks = resize_maps(masks, self.first, "bilinear")
+        return 1 / (1 + np.exp(-masks.astype(np.float32)))
 
     def _semantic(self, maps: np.ndarray, size: tuple[int, int]) -> list[dict[str, Any]]:
         classes = resize_maps(maps, size, "bilinear").argmax(0)
@@ -167,7 +201,8 @@ class ImageSegmentation:
         keep = np.flatnonzero((classes != nothing) & (scores > threshold))
         if not len(keep):
             return []
-        weighted = resize_maps(masks[keep], size, "bilinear") * scores[keep, None, None]
+        masks = self._probabilities(masks[keep])
+        weighted = resize_maps(masks, size, "bilinear") * scores[keep, None, None]
         owner = weighted.argmax(0)
         labels = _labels(self.repo, nothing)
         segments = []
