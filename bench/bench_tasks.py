@@ -6,14 +6,28 @@ programs varied inputs compile.
 The ONNX Runtime side is the same pipeline object with `transmuter.compile` replaced by an
 `onnxruntime.InferenceSession` of the same file (default graph optimizations, all cores):
 the same pre- and post-processing around each model call, so the ratio is the model calls'.
-Per case (a task on a repo of tests/fixtures/pipelines, tiny random weights):
+Per case (a task on a repo of tests/fixtures/pipelines, tiny random weights, or a real-sized
+random-weight repo of bench/.cache):
 
 - first: seconds from `transmuter.pipeline(...)` to the first result (loading, tracing,
   compiling; ONNX Runtime: session creation and the first run), measured first in the process;
 - compiles: the programs XLA compiled for `--varied` inputs of random sizes (images of 32 to
-  640 pixels high, aspect ratios up to 3, clips of 0.2 to 3 s), counted by the `transmuter.segment.compile.stop`
-  telemetry event (goal: at most 8);
+  640 pixels high, aspect ratios up to 3, clips of 0.2 to 3 s), counted by the
+  `transmuter.segment.compile.stop` telemetry event (goal: at most 8 for 50);
 - per call: the median over `--rounds` of one call on a fixed input, the two alternating.
+  SAM keeps the embeddings of its last images, so its calls take the fixed image with one
+  pixel changed each round: every call runs the 1024 x 1024 image encoder and the decoder.
+
+The real-sized cases (detr-r50, detr-r50-pad64, sam-vit-b) run when
+`/tmp/torchenv/bin/python bench/make_vision_large.py` has written their repos, and otherwise
+print how to make them. A call takes seconds on two cores (DETR-R50 about 4 s at 800 x 1066,
+each new size about 8 s more to compile), so they default to fewer rounds and varied inputs
+(DETR: 5 and 20, about 4 minutes a case; SAM: 3 and 5, about 4 minutes); `--rounds` and
+`--varied` override that for every case given, e.g. `--case object-detection/detr-r50
+--varied 50` (5 to 8 minutes a DETR case). DETR at exact sizes compiles a program per resized
+size (800 on the shorter side, up to 1333 on the longer), so nearly one per image;
+`pad_to_multiple_of=64` buckets them, into 21 sizes for 50 images here (30 compiles with the
+pipeline's 8 programs kept): bench/README.md has the figures.
 
 Pipelines that run their own jitted programs (generation) are not cases here: see
 bench_generate.py and bench_serving.py.
@@ -36,7 +50,10 @@ import onnxruntime as ort
 import transmuter
 from transmuter import cpu, telemetry
 
-REPOS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pipelines"
+ROOT = Path(__file__).resolve().parents[1]
+REPOS = ROOT / "tests" / "fixtures" / "pipelines"
+CACHE = ROOT / "bench" / ".cache"  # make_vision_large.py's real-sized repos
+MAKE_LARGE = "/tmp/torchenv/bin/python bench/make_vision_large.py"
 sys.path.insert(0, str(REPOS.parent))
 
 
@@ -55,10 +72,19 @@ def clip(rng: np.random.Generator) -> np.ndarray:
 @dataclass
 class Case:
     task: str
-    repo: str
+    repo: str | Path  # a folder of REPOS, or a path
     make: Callable[[np.random.Generator], Any]  # one random input
     options: dict[str, Any] = field(default_factory=dict)
     call: dict[str, Any] = field(default_factory=dict)  # per-call keyword arguments
+    rounds: int | None = None  # the defaults of --rounds and --varied for this case
+    varied: int | None = None
+    # The pipeline keeps results per input (SAM's image embeddings): time each call on a copy
+    # of the fixed input with one pixel changed, so that it runs every model.
+    fresh: bool = False
+
+
+# Two point prompts of one point each, inside every image().
+POINTS = [[[[10, 12]], [[14, 6]]]]
 
 
 CASES = {
@@ -86,6 +112,29 @@ CASES = {
         "owlv2",
         image,
         call={"candidate_labels": ["a cat", "a remote control", "a dog"]},
+    ),
+    "mask-generation/sam": Case(
+        "mask-generation", "sam", image, call={"input_points": POINTS}, fresh=True
+    ),
+    "object-detection/detr-r50": Case(
+        "object-detection", CACHE / "detr-r50", image, rounds=5, varied=20
+    ),
+    "object-detection/detr-r50-pad64": Case(
+        "object-detection",
+        CACHE / "detr-r50",
+        image,
+        options={"pad_to_multiple_of": 64},
+        rounds=5,
+        varied=20,
+    ),
+    "mask-generation/sam-vit-b": Case(
+        "mask-generation",
+        CACHE / "sam-vit-b",
+        image,
+        call={"input_points": POINTS},
+        fresh=True,
+        rounds=3,
+        varied=5,
     ),
     "audio-classification/ast": Case("audio-classification", "ast", clip),
     "audio-classification/wav2vec2": Case("audio-classification", "wav2vec2", clip),
@@ -119,10 +168,27 @@ def timed(run: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def variants(fixed: np.ndarray, fresh: bool) -> Callable[[], np.ndarray]:
+    """The fixed input, or (fresh) a copy of it with one more element changed at each call."""
+    count = 0
+
+    def next_input() -> np.ndarray:
+        nonlocal count
+        if not fresh:
+            return fixed
+        count += 1
+        changed = fixed.copy()
+        changed.flat[count % changed.size] ^= 1
+        return changed
+
+    return next_input
+
+
 def measure(case: Case, rounds: int, varied: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     fixed = case.make(rng)
     path = REPOS / case.repo
+    given = variants(fixed, case.fresh)
     start = time.perf_counter()
     ours = transmuter.pipeline(case.task, path, **case.options)
     ours(fixed, **case.call)
@@ -141,9 +207,10 @@ def measure(case: Case, rounds: int, varied: int) -> dict[str, Any]:
         telemetry.detach("bench")
     times: dict[str, list[float]] = {"transmuter": [], "ort": []}
     for _ in range(rounds):
-        times["transmuter"].append(timed(lambda: ours(fixed, **case.call)))
+        now = given()
+        times["transmuter"].append(timed(lambda x=now: ours(x, **case.call)))
         with on_ort():
-            times["ort"].append(timed(lambda: theirs(fixed, **case.call)))
+            times["ort"].append(timed(lambda x=now: theirs(x, **case.call)))
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     return {
         "first_s": first,
@@ -157,20 +224,26 @@ def measure(case: Case, rounds: int, varied: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--case", action="append", choices=sorted(CASES))
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--varied", type=int, default=50)
+    parser.add_argument("--rounds", type=int, help="default: 20, or the case's")
+    parser.add_argument("--varied", type=int, help="default: 50, or the case's")
     args = parser.parse_args()
     print(f"# {cpu.describe()}; onnxruntime {ort.__version__}")
     print(
-        f"| case | first result (s) | ORT first (s) | compiles for {args.varied} varied | "
+        "| case | first result (s) | ORT first (s) | compiles / varied inputs | "
         "per call (ms) | ORT (ms) | ratio |"
     )
     print("|---|---|---|---|---|---|---|")
     for name in args.case or CASES:
-        r = measure(CASES[name], args.rounds, args.varied)
+        case = CASES[name]
+        if not (REPOS / case.repo).exists():
+            print(f"| {name} | not run: no {case.repo}; make it with `{MAKE_LARGE}` |")
+            continue
+        rounds = args.rounds or case.rounds or 20
+        varied = args.varied if args.varied is not None else case.varied or 50
+        r = measure(case, rounds, varied)
         print(
-            f"| {name} | {r['first_s']:.2f} | {r['ort_first_s']:.2f} | {r['compiles']} | "
-            f"{r['ms']:.2f} | {r['ort_ms']:.2f} | {r['ms'] / r['ort_ms']:.2f} |",
+            f"| {name} | {r['first_s']:.2f} | {r['ort_first_s']:.2f} | {r['compiles']} / "
+            f"{varied} | {r['ms']:.2f} | {r['ort_ms']:.2f} | {r['ms'] / r['ort_ms']:.2f} |",
             flush=True,
         )
 
