@@ -39,7 +39,8 @@ def prompts(generate, batch: int) -> list[list[int]]:
     return [generate.tokenizer.encode(PROMPTS[i % len(PROMPTS)]).ids for i in range(batch)]
 
 
-def ort_generate(session, rows: list[list[int]], tokens: int, pad: int) -> list[list[int]]:
+def ort_generate(session, rows: list[list[int]], tokens: int, pad: int, on_token=None):
+    """Greedy: each row's `tokens` new token ids; `on_token(tokens)` sees each step's."""
     names = [i.name for i in session.get_inputs()]
     pasts = [n for n in names if n.startswith("past_key_values.")]
     shape = {i.name: i.shape for i in session.get_inputs()}
@@ -59,6 +60,8 @@ def ort_generate(session, rows: list[list[int]], tokens: int, pad: int) -> list[
         logits, *presents = session.run(out_names, feed)
         token = logits[:, -1].argmax(-1)
         made.append(token)
+        if on_token is not None:
+            on_token(token)
         past = dict(zip(pasts, presents))
         ids = token[:, None].astype(np.int64)
         mask = np.concatenate([mask, np.ones((len(rows), 1), np.int64)], 1)

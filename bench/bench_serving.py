@@ -2,6 +2,7 @@
 callers, against the same requests served one at a time; embeddings and generation.
 
     python bench/make_minilm.py && python bench/bench_serving.py [--requests 256] [--rounds 3]
+    [--only embeddings|generation]
 
 Two repos: the tiny BERT of tests/fixtures/pipelines/bert and the MiniLM-sized BERT of
 bench/make_minilm.py (random weights; the fixture's tokenizer, whose ids fit its vocabulary),
@@ -12,11 +13,16 @@ one `Serving` (batch_size 16, batch_timeout_ms 5). Every program is compiled bef
 (the pipeline's sequence buckets at batch sizes 1..16). Rounds alternate the ways; the table
 has each way's median over rounds of requests per second and of its p50 / p99 latency.
 
-Generation: greedy completions of 32 new tokens on the GPT-2 and Llama fixtures
-(tests/fixtures/pipelines; tiny random weights), 48 prompts (cut to 48 tokens), one at a time
-(`TextGeneration.generate`) against 4 and 16 clients of one `ContinuousGeneration` with 16
-slots (requests join the running decode batch and leave when done). Tokens per second and
-p50 / p99 request latency.
+Generation: greedy completions of exactly 32 new tokens (min_new_tokens 32) on the GPT-2 and
+Llama fixtures (tests/fixtures/pipelines; tiny random weights) and a GPT-2-small-sized decoder
+(bench/make_gpt2.py: 124M random weights, when made), 48 prompts (cut to 48 tokens): one at a
+time (`TextGeneration.generate`), one at a time on ONNX Runtime (bench_generate.py's
+hand-written loop: prefill, then one step per token with the past growing), and 4 and 16
+clients of one `ContinuousGeneration` with 16 slots (requests join the running decode batch
+and leave when done). Tokens per second, p50 / p99 request latency, and p50 / p99 time per
+output token (from a request's first streamed token to its answer, over the 31 after it).
+
+    python bench/bench_serving.py --only generation    # the generation tables alone
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 import transmuter
 from transmuter import cpu
 from transmuter.pipelines.continuous import ContinuousGeneration
+from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, _pow2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generate import ort_generate  # noqa: E402
+from make_gpt2 import PATH as GPT2_SMALL  # noqa: E402
 from make_minilm import PATH as MINILM  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pipelines" / "bert"
@@ -63,26 +73,34 @@ def minilm_repo(folder: Path) -> Path:
     return repo
 
 
-def timed(call, requests: list[str], clients: int) -> dict:
-    """Requests per second and p50 / p99 latency (ms) of `clients` threads sharing requests."""
-    latencies = []
+def timed(call, requests: list, clients: int) -> dict:
+    """Requests per second and p50 / p99 latency (ms) of `clients` threads sharing requests;
+    and p50 / p99 time per output token (ms) where `call` returns it ("tpot", with its
+    "latency")."""
+    latencies, tpots = [], []
 
-    def one(text: str) -> None:
+    def one(request) -> None:
         start = time.perf_counter()
-        call(text)
+        got = call(request)
         latencies.append(time.perf_counter() - start)
+        if isinstance(got, dict) and "tpot" in got:
+            tpots.append(got["tpot"])
 
     start = time.perf_counter()
     if clients == 1:
-        for text in requests:
-            one(text)
+        for request in requests:
+            one(request)
     else:
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(one, requests))
     total = time.perf_counter() - start
     ms = np.array(latencies) * 1000
-    return {"requests/s": len(requests) / total, "p50": float(np.median(ms)),
-            "p99": float(np.percentile(ms, 99))}  # fmt: skip
+    row = {"requests/s": len(requests) / total, "p50": float(np.median(ms)),
+           "p99": float(np.percentile(ms, 99))}  # fmt: skip
+    if tpots:
+        row["tpot p50 ms"] = float(np.median(tpots)) * 1000
+        row["tpot p99 ms"] = float(np.percentile(tpots, 99)) * 1000
+    return row
 
 
 def medians(results: dict[str, list[dict]]) -> dict[str, dict]:
@@ -129,22 +147,49 @@ def bench(repo: Path, requests: list[str], rounds: int) -> dict:
 
 def bench_generation(repo: Path, rounds: int) -> dict:
     pipeline = transmuter.pipeline("text-generation", repo)
+    export = next(
+        repo / f for f in ("decoder_model_merged.onnx", "model.onnx") if (repo / f).exists()
+    )
+    session = ort.InferenceSession(str(export), providers=["CPUExecutionProvider"])
+    pad = pipeline._pad_id(pipeline._settings(pipeline.defaults))
     # At most 48 prompt tokens, so that 32 new ones fit the fixtures' positions.
     prompts = [pipeline.tokenizer.encode(t).ids[:48] for t in texts(48, seed=1)]
-    options = {"max_new_tokens": 32, "do_sample": False}
+    new = 32
+    options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
     engine = ContinuousGeneration(pipeline, slots=16)
     results: dict[str, list[dict]] = {}
-    alone = lambda ids: pipeline.generate([ids], **options)  # noqa: E731
-    joined = lambda ids: engine.submit(ids, **options).result()  # noqa: E731
-    for ids in prompts:  # every prompt bucket compiled, both ways
+
+    def streamed(run):
+        """`run(on_token)` timed: its latency and the time per output token after the first."""
+        first = []
+        start = time.perf_counter()
+        run(lambda *_: first.append(time.perf_counter()) if not first else None)
+        end = time.perf_counter()
+        return {"latency": end - start, "tpot": (end - first[0]) / (new - 1)}
+
+    def alone(ids):
+        return streamed(lambda on_token: pipeline.generate([ids], on_token=on_token, **options))
+
+    def joined(ids):
+        return streamed(lambda on_token: engine.submit(ids, on_token=on_token, **options).result())
+
+    def ort_loop(ids):
+        return streamed(lambda on_token: ort_generate(session, [ids], new, pad, on_token))
+
+    buckets = {_pow2(len(ids), MIN_PROMPT_BUCKET): ids for ids in prompts}
+    for ids in buckets.values():  # every prompt bucket compiled, each way
         alone(ids)
         joined(ids)
-    ways = {"one at a time": (alone, 1), "continuous, 4 clients": (joined, 4),
-            "continuous, 16 clients": (joined, 16)}  # fmt: skip
+        ort_loop(ids)
+    ways = {"one at a time": (alone, 1), "ONNX Runtime, one at a time": (ort_loop, 1),
+            "continuous, 4 clients": (joined, 4), "continuous, 16 clients": (joined, 16)}  # fmt: skip
+    for call, clients in ways.values():  # the steps' row counts and windows compiled
+        if clients > 1:
+            timed(call, prompts, clients)
     for _ in range(rounds):
         for name, (call, clients) in ways.items():
             row = timed(call, prompts, clients)
-            row["tokens/s"] = row.pop("requests/s") * options["max_new_tokens"]
+            row["tokens/s"] = row.pop("requests/s") * new
             results.setdefault(name, []).append(row)
     engine.close()
     return medians(results)
@@ -154,17 +199,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=("embeddings", "generation"))
     args = parser.parse_args()
-    if not MINILM.exists():
-        sys.exit(f"{MINILM} is missing: run python bench/make_minilm.py first")
-    print(f"# {cpu.describe()}; {args.requests} requests, median of {args.rounds} rounds")
-    requests = texts(args.requests)
-    with tempfile.TemporaryDirectory() as folder:
-        for name, repo in (("tiny BERT", FIXTURE), ("MiniLM-sized", minilm_repo(Path(folder)))):
-            print_table(name, bench(repo, requests, args.rounds), "requests/s")
-    for name in ("gpt2", "llama"):
-        table = bench_generation(FIXTURE.parent / name, args.rounds)
-        print_table(f"generation, {name} fixture, 32 greedy tokens a request", table, "tokens/s")
+    print(f"# {cpu.describe()}; median of {args.rounds} rounds")
+    if args.only != "generation":
+        if not MINILM.exists():
+            sys.exit(f"{MINILM} is missing: run python bench/make_minilm.py first")
+        requests = texts(args.requests)
+        with tempfile.TemporaryDirectory() as folder:
+            for name, repo in (("tiny BERT", FIXTURE), ("MiniLM-sized", minilm_repo(Path(folder)))):
+                title = f"{name}, {args.requests} requests"
+                print_table(title, bench(repo, requests, args.rounds), "requests/s")
+    if args.only == "embeddings":
+        return
+    repos = [FIXTURE.parent / "gpt2", FIXTURE.parent / "llama"]
+    if GPT2_SMALL.exists():
+        repos.append(GPT2_SMALL)
+    else:
+        print(f"\n{GPT2_SMALL} is missing (python bench/make_gpt2.py makes it): not measured")
+    for repo in repos:
+        table = bench_generation(repo, args.rounds)
+        print_table(f"generation, {repo.name}, 32 greedy tokens a request", table, "tokens/s")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Continuous batching (`ContinuousGeneration`): requests join a running decode batch of fixed
 slots and leave when done; each gets the tokens it gets alone from `TextGeneration.generate`
 (greedy, with its own repetition penalty and minimum length), streams and stops as it would
-alone; a seed repeats a sample; one step program serves every mix of requests."""
+alone; a seed repeats a sample; the programs compiled once serve every later mix of requests."""
 
 from __future__ import annotations
 
@@ -50,7 +50,22 @@ def test_requests_joining_and_leaving_get_their_tokens_alone(gpt2, engine):
     assert got == [alone(gpt2, p, **o) for p, o in zip(ids, options)]
     before = engine.programs
     assert engine.submit(ids[0], max_new_tokens=3).result(60) == got[0][:3]
-    assert engine.programs == before  # the step and the prompt buckets are compiled once
+    assert engine.programs == before  # steps and prompt buckets are compiled once
+
+
+def test_warmup_compiles_a_step_for_every_count_of_running_requests(gpt2):
+    engine = ContinuousGeneration(gpt2, slots=4)
+    prompt = gpt2.tokenizer.encode("Hello").ids
+    try:
+        assert engine.warmup(prompt) == 4  # the join, and the steps of 1, 2 and 4 rows
+        before = engine.programs
+        futures = [engine.submit(prompt, max_new_tokens=n) for n in (30, 9, 20, 3, 12)]
+        assert [f.result(60) for f in futures] == [
+            alone(gpt2, prompt, max_new_tokens=n) for n in (30, 9, 20, 3, 12)
+        ]
+        assert engine.programs == before  # every mix of up to 4 requests, within 64 positions
+    finally:
+        engine.close()
 
 
 def test_stop_strings_and_streaming_are_the_pipelines(gpt2, engine):

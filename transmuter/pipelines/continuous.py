@@ -2,11 +2,14 @@
 
 The past of every slot lives in one buffer of `length` positions (twice the model's positions,
 rounded up to a power of two: a prompt left-padded to its bucket, then its new tokens) with its
-mask. A request joining is prefilled alone (its prompt
-left-padded to a bucket, as `Decoder` does) and its keys, values and mask copied into a free
-slot; then every step runs the model once on each slot's last token, each row writing its new
-key and value at its own index and choosing its next token with its own sampling options.
-A finished request leaves at once and frees its slot for the next.
+mask. A request joining is prefilled alone (its prompt left-padded to a bucket, as `Decoder`
+does), its keys, values and mask copied into the start of a free slot and its first token
+chosen, in one program; then every step runs the model once on each running request's last
+token, each row writing its new key and value at its own index and choosing its next token with
+its own sampling options. A step reads only what the running requests need: their rows (padded
+with free ones to a power of two) and the buffer's first `window` positions, the power of two
+(from MIN_PAST_BUCKET) past every row's write index; a program for each pair. A finished
+request leaves at once and frees its slot for the next.
 
 Between two steps at most one chunk of one joining prompt is prefilled: a prompt whose bucket
 is longer than `prefill_chunk` tokens fills its own past buffer one chunk at a time (each chunk
@@ -35,7 +38,13 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
-from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, Settings, _pow2, left_padded
+from transmuter.pipelines.generation import (
+    MIN_PAST_BUCKET,
+    MIN_PROMPT_BUCKET,
+    Settings,
+    _pow2,
+    left_padded,
+)
 from transmuter.pipelines.text_generation import TextGeneration
 
 # The per-request options; end of sequence is the model's (generation_config.json).
@@ -68,7 +77,7 @@ class _Request:
     top_p: float
     repetition_penalty: float
     min_new_tokens: int
-    key: Any
+    key: Any  # [1]
     watcher: Any  # streams text and sees stop strings (text-generation's); None: neither
     tokens: list[int] = field(default_factory=list)
     future: Future = field(default_factory=Future)
@@ -122,11 +131,12 @@ class ContinuousGeneration:
         # The pipeline's pad id: the repetition penalty counts the pads, as transformers does.
         self.pad_id = pipeline._pad_id(Settings(eos=self.eos))
         self.programs = 0
-        self._prefill = jax.jit(self._prefill_fn, static_argnames=("length",))
+        slot_state = ("past", "mask", "seen", "keys")
+        self._join_program = jax.jit(self._join_fn, donate_argnames=slot_state)
+        self._place_program = jax.jit(self._place_fn, donate_argnames=slot_state)
         self._extend = jax.jit(self._extend_fn, donate_argnames=("past", "past_mask"))
-        self._step = jax.jit(self._step_fn, donate_argnames=("past", "mask", "seen"))
-        self._insert = jax.jit(self._insert_fn, donate_argnames=("past", "mask", "seen"))
-        self._choose = jax.jit(choose_rows, static_argnames=("eos",))
+        self._step = jax.jit(self._step_fn, static_argnames=("window",), donate_argnames=("seen",))
+        self._write = jax.jit(_write_rows, donate_argnames=("past", "mask"))
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request | None] = [None] * slots
@@ -152,6 +162,19 @@ class ContinuousGeneration:
             self._waiting.append(request)
             self._lock.notify_all()
         return request.future
+
+    def warmup(self, prompt: Sequence[int]) -> int:
+        """Compile before traffic: the join of `prompt`'s bucket, and the step for every count
+        of running rows at the smallest window, by running a request of `prompt` in every slot
+        at once (they join one a step). Returns the programs compiled; larger windows compile
+        when requests first reach them."""
+        before = self.programs
+        room = MIN_PAST_BUCKET - _pow2(len(prompt), MIN_PROMPT_BUCKET) - 1
+        new = max(1, min(self.size + 1, room, self.positions - len(prompt)))
+        options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
+        for future in [self.submit(prompt, **options) for _ in range(self.size)]:
+            future.result()
+        return self.programs - before
 
     @property
     def queued(self) -> int:
@@ -199,7 +222,7 @@ class ContinuousGeneration:
             top_p=float(given["top_p"]) if sample else 1.0,
             repetition_penalty=float(given["repetition_penalty"]),
             min_new_tokens=int(given["min_new_tokens"]),
-            key=jax.random.key(0 if seed is None else seed),
+            key=jax.random.key(0 if seed is None else seed)[None],
             watcher=watcher,
         )
 
@@ -256,13 +279,13 @@ class ContinuousGeneration:
         self.keys = jax.random.split(jax.random.key(0), size)
 
     def _join(self, slot: int, request: _Request) -> None:
-        """Prefill `request` alone, in one program or (past `prefill_chunk` tokens) a chunk now
-        and the others between the next steps."""
+        """Prefill `request` alone and place it in `slot`, in one program, or (past
+        `prefill_chunk` tokens) a chunk now and the others between the next steps."""
         ids, mask, positions = left_padded([request.prompt], self.pad_id)
         if ids.shape[1] > self.chunk:
             padding = ids.shape[1] - len(request.prompt)
             past = {
-                name: jnp.zeros((1, heads, self.length, width), dtype)
+                name: jnp.zeros((1, heads, ids.shape[1], width), dtype)
                 for name, ((heads, width), dtype) in self.decoder.shapes()
             }
             self._filling = _Filling(
@@ -273,18 +296,19 @@ class ContinuousGeneration:
                 positions=positions,
                 offset=padding // self.chunk * self.chunk,
                 past=past,
-                past_mask=jnp.zeros((1, self.length), jnp.int64),
+                past_mask=jnp.zeros((1, ids.shape[1]), jnp.int64),
             )
             self._fill()
             return
         try:
-            logits, past, past_mask = self._prefill(
-                self.decoder.model.params, ids, mask, positions, length=self.length
-            )
+            self.past, self.mask, self.seen, self.keys, token = self._join_program(
+                self.decoder.model.params, ids, mask, positions, *self._slot_state(),
+                *self._joining(slot, request, ids),
+            )  # fmt: skip
         except Exception as error:  # a request the model refuses fails alone
             request.future.set_exception(error)
             return
-        self._place(slot, request, ids, positions, logits, past, past_mask)
+        self._placed(slot, request, ids, positions, int(token))
 
     def _fill(self) -> None:
         """The next chunk of the prompt being prefilled; after the last, it takes its slot."""
@@ -307,68 +331,71 @@ class ContinuousGeneration:
         f.offset += self.chunk
         if f.offset == f.ids.shape[1]:
             self._filling = None
-            self._place(f.slot, f.request, f.ids, f.positions, logits, f.past, f.past_mask)
+            try:
+                self.past, self.mask, self.seen, self.keys, token = self._place_program(
+                    *self._slot_state(), logits, f.past, f.past_mask,
+                    *self._joining(f.slot, f.request, f.ids),
+                )  # fmt: skip
+            except Exception as error:
+                f.request.future.set_exception(error)
+                return
+            self._placed(f.slot, f.request, f.ids, f.positions, int(token))
 
-    def _place(self, slot, request, ids, positions, logits, past, past_mask) -> None:
-        """Put a prefilled request's past in `slot`, take its first token."""
+    def _slot_state(self) -> tuple:
+        return self.past, self.mask, self.seen, self.keys
+
+    def _joining(self, slot: int, request: _Request, ids: np.ndarray) -> tuple:
+        """The join programs' arguments after the slots' state: the slot, the tokens the
+        request's prompt has seen, its key and its options."""
         seen = np.zeros((1, self.decoder.vocab_size), bool)
         np.put_along_axis(seen, ids, True, axis=1)  # the pads too, as transformers counts them
-        try:
-            self.past, self.mask, self.seen = self._insert(
-                self.past, self.mask, self.seen, slot, past, past_mask, jnp.asarray(seen)
-            )
-        except Exception as error:
-            request.future.set_exception(error)
-            return
-        self.keys = self.keys.at[slot].set(request.key)
+        return (slot, seen, request.key, *self._options([request]))
+
+    def _placed(self, slot, request, ids, positions, token: int) -> None:
+        """`request` holds `slot` from its prompt's last position on; `token` is its first."""
         self._rows[slot] = request
         self.next_position[slot] = positions[0, -1] + 1
         self.write[slot] = ids.shape[1]
-        self._choose_into(slot, logits)
-
-    def _choose_into(self, slot: int, logits) -> None:
-        """The first token of the request in `slot`, from its prompt's logits."""
-        token = int(
-            self._choose(logits, self.seen[slot : slot + 1], *self._options([slot]), eos=self.eos)[
-                0
-            ]
-        )
-        self.seen = self.seen.at[slot, token].set(True)
         self._take(slot, token)
 
     def _advance(self) -> None:
-        """One step of every slot; the tokens go to their requests."""
-        rows = list(range(self.size))
-        # Copies: on the CPU a numpy argument may be the device buffer itself, and these
-        # three change in place between steps.
-        tokens, self.past, self.mask, self.seen = self._step(
+        """One step of the running requests' rows (with free ones up to a power of two of
+        rows); the tokens go to their requests."""
+        running = [slot for slot, r in enumerate(self._rows) if r is not None]
+        free = [slot for slot, r in enumerate(self._rows) if r is None]
+        count = min(self.size, _pow2(len(running), 1))
+        rows = np.array(running + free[: count - len(running)], np.int32)
+        # Indexing copies: on the CPU a numpy argument may be the device buffer itself, and
+        # these change in place between steps.
+        tokens, new, self.seen = self._step(
             self.decoder.model.params,
-            self.tokens.copy(),
-            self.next_position.copy(),
-            self.write.copy(),
+            rows,
+            self.tokens[rows],
+            self.next_position[rows],
             self.past,
             self.mask,
             self.seen,
-            *self._options(rows),
+            self.keys,
+            *self._options([self._rows[slot] for slot in rows]),
+            window=min(self.length, _pow2(int(self.write.max()) + 1, MIN_PAST_BUCKET)),
         )
-        self.next_position += 1
-        self.write += 1
+        self.past, self.mask = self._write(self.past, self.mask, rows, self.write[rows], new)
+        # Free rows stay at 0, so that their writes stay inside the smallest window.
+        self.next_position[running] += 1
+        self.write[running] += 1
         if telemetry.listening("transmuter.serving.batch"):
-            telemetry.emit("transmuter.serving.batch", {"items": self.active, "requests": self.active,
+            telemetry.emit("transmuter.serving.batch", {"items": len(running), "requests": len(running),
                            "queued": self.queued}, {"pipeline": "continuous"})  # fmt: skip
-        for slot, token in enumerate(np.asarray(tokens).tolist()):
-            if self._rows[slot] is not None:
-                self._take(slot, token)
+        for slot, token in zip(running, np.asarray(tokens).tolist()):
+            self._take(slot, token)
 
-    def _options(self, slots: list[int]) -> tuple:
-        """Each slot's (step, key, temperature, top_k, top_p, repetition penalty, min new tokens);
-        a free slot's are a greedy row's. Host arrays: building device arrays one by one
-        cost more than the step itself."""
-        rows = [self._rows[s] for s in slots]
-        keys = self.keys if len(slots) == self.size else self.keys[slots[0] : slots[0] + 1]
+    @staticmethod
+    def _options(rows: Sequence[_Request | None]) -> tuple:
+        """Each row's (step, temperature, top_k, top_p, repetition penalty, min new tokens); a
+        free slot's are a greedy row's. Host arrays: building device arrays one by one cost
+        more than the step itself."""
         return (
             np.array([len(r.tokens) if r else 0 for r in rows], np.int32),
-            keys,
             np.array([r.temperature if r else 0.0 for r in rows], np.float32),
             np.array([r.top_k if r else 0 for r in rows], np.int32),
             np.array([r.top_p if r else 1.0 for r in rows], np.float32),
@@ -393,28 +420,59 @@ class ContinuousGeneration:
             return
         if done:
             self._rows[slot] = None
+            self.write[slot] = self.next_position[slot] = 0
             request.future.set_result(request.tokens)
 
     # --- the programs (traced) -------------------------------------------------------------
 
-    def _prefill_fn(self, params, ids, mask, positions, *, length):
+    def _join_fn(self, params, ids, prompt_mask, positions, past, mask, seen, keys, *joining):
+        logits, row_past, row_mask = self.decoder.prefill_past(
+            params, ids, prompt_mask, positions, ids.shape[1]
+        )
+        return self._place_fn(past, mask, seen, keys, logits, row_past, row_mask, *joining)
+
+    def _place_fn(self, past, mask, seen, keys, logits, row_past, row_mask, slot, row_seen,
+                  key, *options):  # fmt: skip
+        """The prompt's keys, values and mask at the start of `slot` (the rest of its mask
+        cleared), its seen tokens and key; and its first token."""
         self.programs += 1
-        return self.decoder.prefill_past(params, ids, mask, positions, length)
+        past = {
+            name: jax.lax.dynamic_update_slice(past[name], row_past[name], (slot, 0, 0, 0))
+            for name in past
+        }
+        row_mask = (
+            jnp.zeros((1, mask.shape[1]), mask.dtype).at[:, : row_mask.shape[1]].set(row_mask)
+        )
+        token = choose_rows(logits, row_seen, options[0], key, *options[1:], eos=self.eos)[0]
+        return (
+            past,
+            jax.lax.dynamic_update_slice(mask, row_mask, (slot, 0)),
+            seen.at[slot].set(row_seen[0]).at[slot, token].set(True),
+            keys.at[slot].set(key[0]),
+            token,
+        )
 
     def _extend_fn(self, params, ids, mask, positions, offset, past, past_mask):
         self.programs += 1
         return self.decoder.extend_past(params, ids, mask, positions, offset, past, past_mask)
 
-    @staticmethod
-    def _insert_fn(past, mask, seen, slot, row_past, row_mask, row_seen):
-        past = {name: past[name].at[slot].set(row_past[name][0]) for name in past}
-        return past, mask.at[slot].set(row_mask[0]), seen.at[slot].set(row_seen[0])
-
-    def _step_fn(self, params, tokens, positions, write, past, mask, seen, *options):
+    def _step_fn(self, params, rows, tokens, positions, past, mask, seen, keys, *options, window):
+        """The next token and new keys and values of the slots `rows`, reading the buffers'
+        first `window` positions. The write is another program: one that reads a buffer and
+        also updates it in place gets a copy of the whole buffer from XLA (1.2 s against 0.1 s
+        a step for a GPT-2-small-sized model's 16 slots)."""
         self.programs += 1
-        logits, past, mask = self.decoder.step_past(params, tokens, positions, write, past, mask)
-        chosen = choose_rows(logits, seen, *options, eos=self.eos)
-        return chosen, past, mask, seen.at[jnp.arange(seen.shape[0]), chosen].set(True)
+        view = {name: value[rows, :, :window] for name, value in past.items()}
+        logits, new = self.decoder.step_past(params, tokens, positions, view, mask[rows, :window])
+        chosen = choose_rows(logits, seen[rows], options[0], keys[rows], *options[1:], eos=self.eos)
+        return chosen, new, seen.at[rows, chosen].set(True)
+
+
+def _write_rows(past, mask, rows, write, new):
+    """Each row's new key and value into the buffers at its own `write` index, in place."""
+    past = {name: past[name].at[rows, :, write].set(new[name].astype(past[name].dtype))
+            for name in past}  # fmt: skip
+    return past, mask.at[rows, write].set(1)
 
 
 def choose_rows(logits, seen, steps, keys, temperature, top_k, top_p, penalty, min_new, eos):
@@ -431,6 +489,17 @@ def choose_rows(logits, seen, steps, keys, temperature, top_k, top_p, penalty, m
         blocked = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(eos)].set(True)
         logits = jnp.where((steps < min_new)[:, None] & blocked, -jnp.inf, logits)
     greedy = jnp.argmax(logits, axis=-1)
+    # The sort, softmax and draws cost more than a tiny model's step: run them only when some
+    # row samples.
+    return jax.lax.cond(
+        jnp.any(temperature > 0),
+        lambda: _sampled(logits, greedy, steps, keys, temperature, top_k, top_p),
+        lambda: greedy,
+    )
+
+
+def _sampled(logits, greedy, steps, keys, temperature, top_k, top_p):
+    """Each sampling row's draw after its temperature, top-k and top-p; greedy rows' `greedy`."""
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     ordered = jnp.sort(scaled, axis=-1)[:, ::-1]
     k = jnp.clip(top_k, 1, logits.shape[-1])[:, None]

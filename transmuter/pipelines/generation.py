@@ -123,19 +123,15 @@ class Decoder:
         )
         return out["logits"][:, -1], past, past_mask
 
-    def step_past(self, params, tokens, positions, slots, past, mask):
-        """(Traced.) One token for each row with the whole buffer as its past: the logits, and
-        the buffer with each row's new key and value written at its own `slots` index."""
+    def step_past(self, params, tokens, positions, past, mask):
+        """(Traced.) One token for each row after its `past` and `mask` (the slots' buffers, or
+        a window of them): the logits, and each row's new key and value per past input."""
         batch, length = mask.shape
         full = jnp.concatenate([mask, jnp.ones((batch, 1), mask.dtype)], axis=1)
         inputs = self._inputs(tokens[:, None], full, positions[:, None], past, True)
         out = transmuter.run(self.model, inputs, params=params)
-        rows = jnp.arange(batch)
-        updated = {}
-        for name in self.pasts:
-            new = out[self.presents[name]][:, :, length]  # the token's own key or value
-            updated[name] = past[name].at[rows, :, slots].set(new.astype(past[name].dtype))
-        return out["logits"][:, -1], updated, mask.at[rows, slots].set(1)
+        new = {name: out[self.presents[name]][:, :, length] for name in self.pasts}
+        return out["logits"][:, -1], new
 
     def _decode_step(
         self, params, token, positions, seen, step, key, slot, past, mask, *, settings

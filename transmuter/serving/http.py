@@ -147,10 +147,10 @@ class Server:
         self.created = int(time.time())
 
     def warmup(self) -> None:
-        """Compile before traffic (the batch sizes of a short text; generation's step and
-        short prompts' prefill); /health is 200 after."""
+        """Compile before traffic (the batch sizes of a short text; generation's steps for
+        every count of running requests and short prompts' prefill); /health is 200 after."""
         if self.serving is None:
-            self.engine.submit(self.tokenizer.encode("warm up").ids, max_new_tokens=2).result()
+            self.engine.warmup(self.tokenizer.encode("warm up").ids)
         else:
             self.serving.warmup(["warm up"])
         self.ready = True
