@@ -22,6 +22,7 @@ import numpy as np
 import transmuter
 from transmuter import checking, cpu, ir
 from transmuter.errors import TransmuterError
+from transmuter.pipelines.seq2seq import DECODINGS
 
 HINTS = {
     "UnsupportedOpError": "see `transmuter info MODEL` for every unsupported operator",
@@ -148,6 +149,11 @@ def _parser() -> argparse.ArgumentParser:
         "--model-shards", type=int, default=1,
         help="split the params over this many devices (tensor parallel), for a model too "
         "large for one",
+    )  # fmt: skip
+    serve.add_argument(
+        "--decoding", choices=sorted(DECODINGS),
+        help="automatic-speech-recognition: past (the with-past decoder, the default: a program "
+        "per token) or padded (the no-past decoder over padded tokens: a program per bucket)",
     )  # fmt: skip
     serve.add_argument("--model-id", help="the name clients give as model (default: the folder's)")
     serve.add_argument(
@@ -444,7 +450,7 @@ def serve_(args) -> int:
     server = http.Server(
         repo, args.task, model_id=model_id, batch_size=args.batch_size,
         batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue,
-        max_client_batch_size=args.max_client_batch_size,
+        max_client_batch_size=args.max_client_batch_size, decoding=args.decoding,
     )  # fmt: skip
     _progress(f"serving {model_id!r} ({args.task}) on http://{args.host}:{args.port}")
     uvicorn.run(http.app(server, warmup=args.warmup), host=args.host, port=args.port,

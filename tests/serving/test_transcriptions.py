@@ -15,8 +15,11 @@ import pytest
 from test_http import Running
 
 import transmuter
+from transmuter import load_repo
+from transmuter.errors import InputError
 from transmuter.serving.api import ApiError
 from transmuter.serving.audio import read_wav
+from transmuter.serving.http import Server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from waveforms import waveforms  # noqa: E402
@@ -47,9 +50,10 @@ def test_wav_files_read_as_float_mono():
     assert error.value.param == "file"
 
 
-@pytest.mark.slow  # Whisper's "past" decoding compiles a program per token, in two processes
+@pytest.mark.slow  # Whisper's "past" decoding compiles a program per token
 def test_transcriptions_are_the_pipelines():
-    server = Running(REPO, "automatic-speech-recognition", "--no-warmup")
+    # The server decodes "padded" (a program per bucket), the reference "past" (the default).
+    server = Running(REPO, "automatic-speech-recognition", "--no-warmup", "--decoding", "padded")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
         data = wav_bytes(waveforms()[1])
@@ -67,3 +71,8 @@ def test_transcriptions_are_the_pipelines():
         assert "resample" in slow.json()["error"]["message"]
     finally:
         assert server.stop()
+
+
+def test_decoding_is_speech_recognitions_option():
+    with pytest.raises(InputError, match="decoding is automatic-speech-recognition's"):
+        Server(load_repo(REPO), "feature-extraction", model_id="whisper", decoding="padded")

@@ -118,9 +118,12 @@ class Server:
         batch_timeout_ms: float = 5.0,
         max_queue: int = 1024,
         max_client_batch_size: int = 32,
+        decoding: str | None = None,
     ):
         if task not in ROUTES:
             raise InputError(f"transmuter serve runs {', '.join(ROUTES)}; got task {task!r}")
+        if decoding is not None and task != "automatic-speech-recognition":
+            raise InputError(f"decoding is automatic-speech-recognition's; got task {task!r}")
         self.task, self.model_id, self.repo = task, model_id, repo
         # Embeddings pool as the repo's sentence-transformers config says; normalizing is the
         # routes' (the repo's choice for OpenAI's, the request's for TEI's /embed).
@@ -131,6 +134,8 @@ class Server:
         generating = task == "text-generation"
         if task in ("feature-extraction", "text-classification"):
             options["batch_size"] = batch_size  # the pipeline's chunks as large as the batches
+        if decoding is not None:
+            options["decoding"] = decoding
         self.pipeline = pipeline(task, repo, **options)
         self.tokenizer = repo.tokenizer
         self.max_client_batch_size = max_client_batch_size
