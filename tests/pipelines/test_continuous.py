@@ -54,12 +54,16 @@ def test_requests_joining_and_leaving_get_their_tokens_alone(gpt2, engine):
 
 
 def test_warmup_compiles_a_step_for_every_count_of_running_requests(gpt2):
-    engine = ContinuousGeneration(gpt2, slots=4)
+    engine = ContinuousGeneration(gpt2, slots=4, max_queue=1)  # warm-up is not traffic
     prompt = gpt2.tokenizer.encode("Hello").ids
     try:
         assert engine.warmup(prompt) == 4  # the join, and the steps of 1, 2 and 4 rows
         before = engine.programs
-        futures = [engine.submit(prompt, max_new_tokens=n) for n in (30, 9, 20, 3, 12)]
+        futures = []
+        for n in (30, 9, 20, 3, 12):
+            futures.append(engine.submit(prompt, max_new_tokens=n))
+            while engine.queued:  # max_queue=1: each waits for its slot before the next
+                time.sleep(0.01)
         assert [f.result(60) for f in futures] == [
             alone(gpt2, prompt, max_new_tokens=n) for n in (30, 9, 20, 3, 12)
         ]

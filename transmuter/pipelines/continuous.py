@@ -150,11 +150,13 @@ class ContinuousGeneration:
     def submit(self, prompt: Sequence[int], **options: Any) -> Future:
         """Queue a prompt (token ids) for the next free slot; its Future gives the new token
         ids. Cancelling it before it has a slot takes it out."""
-        request = self._request(list(prompt), options)
+        return self._queue(self._request(list(prompt), options), bounded=True)
+
+    def _queue(self, request: _Request, bounded: bool) -> Future:
         with self._lock:
             if self._closing:
                 raise ServingClosed("this generation engine is closed")
-            if len(self._waiting) >= self.max_queue:
+            if bounded and len(self._waiting) >= self.max_queue:
                 raise Overloaded(
                     f"{len(self._waiting)} requests are waiting for a slot "
                     f"(max_queue={self.max_queue}); retry later"
@@ -172,7 +174,9 @@ class ContinuousGeneration:
         room = MIN_PAST_BUCKET - _pow2(len(prompt), MIN_PROMPT_BUCKET) - 1
         new = max(1, min(self.size + 1, room, self.positions - len(prompt)))
         options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
-        for future in [self.submit(prompt, **options) for _ in range(self.size)]:
+        # Not traffic: a max_queue below the slot count does not apply.
+        requests = [self._request(list(prompt), options) for _ in range(self.size)]
+        for future in [self._queue(request, bounded=False) for request in requests]:
             future.result()
         return self.programs - before
 
