@@ -32,8 +32,8 @@ def assert_same(got: list, want: list) -> None:
 
 def assert_float_boxes(detect, image: np.ndarray, threshold: float, want: list) -> None:
     """The boxes before the pipeline truncates them, within 1e-3 pixels."""
-    logits, boxes = detect._run(detect.pixels(image))
-    scores, _, corners = detect.scored(logits, boxes, image.shape[1::-1])
+    found = detect.run(detect.pixels(image))
+    scores, _, corners = detect.scored(found["logits"], found["pred_boxes"], image.shape[1::-1])
     np.testing.assert_allclose(corners[scores > threshold], np.reshape(want, (-1, 4)), atol=1e-3)
 
 

@@ -75,14 +75,15 @@ class DetrFamilyModel:
     """A DETR-family export and its family's image processor (preprocessor_config.json over the
     processors' defaults), run one image at a time at its resized size (padded as
     `padded_size` says): pixel_values (and pixel_mask where the export takes it) in, the
-    `outputs` named out; a program per input size, the `cache_size` most recent kept. What
-    object-detection and image-segmentation (DETR panoptic) share."""
+    `outputs` named out; a program per input size, the `cache_size` most recent kept.
+    `processors` maps the model_types supported to their processor (PROCESSOR_DEFAULTS' keys).
+    What object-detection and image-segmentation (DETR, Mask2Former) share."""
 
     def __init__(
         self,
         repo: Repo,
         task: str,
-        families: Mapping[str, tuple[str, str]],
+        processors: Mapping[str, str],
         outputs: tuple[str, ...],
         *,
         pad_to_multiple_of: int | None = None,
@@ -100,12 +101,12 @@ class DetrFamilyModel:
                 "in, logits and pred_boxes out) with the repo's preprocessor_config.json"
             )
         model_type = repo.config.get("model_type")
-        if model_type not in families:
+        if model_type not in processors:
             raise ModelLoadError(
                 f"{repo.source}: config.json's model_type is {model_type!r}; {task} "
-                f"supports {', '.join(families)}"
+                f"supports {', '.join(processors)}"
             )
-        self.processor = families[model_type][0]
+        self.processor = processors[model_type]
         if not repo.preprocessor_config:
             raise ModelLoadError(
                 f"{repo.source}: {task} needs preprocessor_config.json (the image "
@@ -203,7 +204,7 @@ class ObjectDetection(DetrFamilyModel):
         super().__init__(
             repo,
             "object detection",
-            FAMILIES,
+            {model_type: processor for model_type, (processor, _) in FAMILIES.items()},
             ("logits", "pred_boxes"),
             pad_to_multiple_of=pad_to_multiple_of,
             cache_size=cache_size,
@@ -226,13 +227,11 @@ class ObjectDetection(DetrFamilyModel):
         results = []
         for image in images:
             image = load_image(image)
-            logits, boxes = self._run(self.pixels(image))
-            results.append(self._detections(logits, boxes, image.size, threshold, top_k))
+            found = self.run(self.pixels(image))
+            results.append(
+                self._detections(found["logits"], found["pred_boxes"], image.size, threshold, top_k)
+            )
         return results[0] if single else results
-
-    def _run(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        found = self.run(pixels)
-        return found["logits"], found["pred_boxes"]
 
     def _detections(
         self,

@@ -100,7 +100,7 @@ class ImageSegmentation:
             self.model = DetrFamilyModel(
                 repo,
                 "image-segmentation",
-                {model_type: (model_type, "softmax")},
+                {model_type: model_type},
                 self.outputs,
                 cache_size=cache_size,
             )
