@@ -17,6 +17,7 @@ import transmuter
 from transmuter import telemetry
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+SEQUENCE_I64 = helper.make_sequence_type_proto(helper.make_tensor_type_proto(I64, None))
 
 
 def chain(prefix, x, n, out):
@@ -316,6 +317,68 @@ def test_loop_with_a_trip_count_from_data(rng):
         want = ort_run(proto, inputs)
         np.testing.assert_allclose(got["final"], want[0], rtol=1e-5)
         np.testing.assert_allclose(got["scanned"], want[1], rtol=1e-5)
+
+
+def repeat_interleave_model():
+    """torch.onnx's repeat_interleave(arange(n), counts): a Loop over the tokens whose body
+    inserts each token's index `counts[i]` times into a sequence (a tensor per token, as long as
+    its count), ConcatFromSequence, then 24 ops on the frames."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Unsqueeze", ["i", "axis0"], ["i_1"]),
+            helper.make_node("Gather", ["counts", "i"], ["count"]),
+            helper.make_node("Unsqueeze", ["count", "axis0"], ["count_1"]),
+            helper.make_node("Expand", ["i_1", "count_1"], ["repeated"]),
+            helper.make_node("SequenceInsert", ["seq_in", "repeated"], ["seq_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", I64, []),
+            helper.make_tensor_value_info("cond_in", BOOL, []),
+            helper.make_value_info("seq_in", SEQUENCE_I64),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", BOOL, []),
+            helper.make_value_info("seq_out", SEQUENCE_I64),
+        ],
+    )
+    nodes = [
+        helper.make_node("Shape", ["counts"], ["n"]),
+        helper.make_node("Squeeze", ["n"], ["trips"]),
+        helper.make_node("SequenceEmpty", [], ["empty"], dtype=I64),
+        helper.make_node("Loop", ["trips", "", "empty"], ["pieces"], body=body),
+        helper.make_node("ConcatFromSequence", ["pieces"], ["frames"], axis=0),
+        helper.make_node("Cast", ["frames"], ["frames_f"], to=F),
+        helper.make_node("Mul", ["frames_f", "x"], ["scaled"]),
+    ]
+    nodes += chain("c", "scaled", 24, "y")
+    return make_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("counts", I64, ["n"]),
+            helper.make_tensor_value_info("x", F, [1]),
+        ],
+        [helper.make_tensor_value_info("y", F, ["frames"])],
+        [numpy_helper.from_array(np.array([0], np.int64), "axis0")],
+    )
+
+
+def test_a_ragged_sequence_from_a_break_keys_the_next_segment_by_its_total(rng, recorder):
+    """The Loop breaks; the sequence it builds (one tensor per token, of data-dependent
+    lengths) is concatenated with the break, so the segment after is compiled once per total
+    length, not once per pattern of counts."""
+    proto = repeat_interleave_model()
+    model = transmuter.load(proto)
+    x = np.array([0.5], np.float32)
+    fn = transmuter.compile(model, {"counts": np.array([1, 2, 3]), "x": x})
+    events = recorder(["transmuter.segment.compile.stop"])
+    for counts in ([3, 2, 1], [2, 2, 2], [0, 6, 0], [1, 1, 1, 3]):
+        inputs = {"counts": np.array(counts), "x": x}
+        np.testing.assert_allclose(fn(inputs)["y"], ort_run(proto, inputs)[0], rtol=1e-5)
+    # Six frames each time: the segment compiled by `compile` serves them all (the one before
+    # the Loop is short, so it runs eagerly).
+    assert not [md for _, _, md in events.seen if md.get("compiled")]
 
 
 def test_eviction_keeps_the_most_recent(rng, recorder):

@@ -106,7 +106,28 @@ class SegmentRunner:
             self._inputs_to_device(env)
             _keep_decision_on_host(env, self.plan.steps[segment.stop].node, segment.needed)
             self.run_break(segment.stop, env, _fold(key, segment.stop))
-            start = segment.stop + 1
+            start = self._concatenate_after_break(segment.stop + 1, env)
+
+    def _concatenate_after_break(self, position: int, env: dict[str, Any]) -> int:
+        """Run the ConcatFromSequence steps right after a break that read a sequence the break
+        made, and put their results on the device; returns the position after them.
+
+        A Loop that builds a sequence of tensors of data-dependent lengths (torch.onnx's
+        repeat_interleave: one tensor per token, as long as its duration) leaves a host list at
+        the break. Read by the next segment, the list would key that segment by its contents,
+        a program per duration pattern; concatenated here, the segment is keyed by the total
+        length only."""
+        steps = self.plan.steps
+        while position < len(steps):
+            node = steps[position].node
+            if node.op_type != "ConcatFromSequence" or not isinstance(
+                env.get(node.inputs[0]), list
+            ):
+                break
+            Interpreter(self.plan).step(steps[position], env)
+            env[node.outputs[0]] = to_device(env[node.outputs[0]])
+            position += 1
+        return position
 
     def compiled_whole(self, shapes: tuple) -> Segment | None:
         """The cached program of the whole graph for device arguments of these (name,
