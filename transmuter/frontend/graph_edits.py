@@ -6,16 +6,31 @@ ModelProto before loading, and `load_speech_model`, which loads the edited graph
   Where(x < 0, Where(y > 0, +pi, -pi)). For y == 0 and x < 0 (the DC bin of an STFT, whose
   imaginary part is exactly 0) that gives -pi where torch gives +pi; the Greater of that pattern
   becomes GreaterOrEqual. Found by structure, so other Greater nodes are left alone.
-- `pad_durations`: the predicted durations' total rounded up to a multiple of a step, the extra
-  frames on the last token (the end marker, so the padding is trailing audio); the unpadded
-  durations become the output `predicted_durations`. The expansion after the durations has a
-  data-dependent length, where the graph breaks: padding makes nearby lengths share the
-  compiled program after the break.
+- `pad_durations`: the predicted durations' total rounded up (to a multiple of a step, or to the
+  next total of a ladder), the extra frames on the last real token (the end marker, so the
+  padding is trailing audio); the unpadded durations become the output `predicted_durations`.
+  The expansion after the durations has a data-dependent length, where the graph breaks:
+  padding makes nearby lengths share the compiled program after the break. What mixes frames
+  after the durations is made to see only the real ones: LSTMs that read every step get the
+  real frame count as sequence_lens, instance norms (Kokoro's AdaIN) take their statistics over
+  the real steps, and 1-D convolutions read zeros on the padding, as past the real end.
+- `take_token_count`: the number of real tokens becomes an input, `input_lengths`, so that the
+  token ids can be padded at the end to a bucket. Kokoro's forward takes its lengths from
+  input_ids' shape (`torch.full(..., shape[-1])`) and masks by them (`text_mask` for PL-BERT's
+  attention and the encoders, pack_padded_sequence as LSTM sequence_lens); the edit feeds those
+  the input, gives the duration LSTM (which reads every token) sequence_lens, and with
+  `pad_durations(real_tokens=)` the padding tokens last 0 frames.
+
+Together, every real token and frame gets what the unpadded graph gives, up to float rounding,
+except near the end, where the vocoder's convolutions reach into the padding frames (which the
+caller cuts).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -24,7 +39,6 @@ from onnx import TensorProto, helper, numpy_helper
 from transmuter.errors import ModelLoadError
 
 DURATIONS_OUTPUT = "predicted_durations"
-INT64_MAX = np.iinfo(np.int64).max
 
 
 class GraphEditError(ModelLoadError):
@@ -106,16 +120,9 @@ def fix_atan2_quadrant(proto: onnx.ModelProto) -> list[str]:
     return changed
 
 
-def pad_durations(proto: onnx.ModelProto, frames_per_step: int) -> str:
-    """Round the predicted durations' total up to a multiple of `frames_per_step`, adding the
-    frames to the last token; the unpadded durations become the extra output
-    `predicted_durations`. Returns the name of the durations node that was padded.
-
-
-    The durations are the one Cast to int64 of a Clip (or Max) of a Round: how torch exports
-    `torch.round(duration).clamp(min=1).long()`."""
-    if {o.domain: o.version for o in proto.opset_import}.get("", 0) < 13:
-        raise GraphEditError("pad_durations writes ReduceSum with axes as an input: opset >= 13")
+def _durations_cast(proto: onnx.ModelProto) -> tuple[int, onnx.NodeProto]:
+    """The predicted durations and their index in the graph: the one Cast to int64 of a Clip (or
+    Max) of a Round, how torch exports `torch.round(duration).clamp(min=1).long()`."""
     g = _Graph(proto.graph)
     found = []
     for index, node in enumerate(proto.graph.node):
@@ -130,61 +137,351 @@ def pad_durations(proto: onnx.ModelProto, frames_per_step: int) -> str:
             f"expected one duration node (Round -> Clip -> Cast to int64), found {len(found)}: "
             "this graph does not predict durations as Kokoro's export does"
         )
-    index, cast = found[0]
+    return found[0]
+
+
+def pad_durations(
+    proto: onnx.ModelProto, frames: int | Sequence[int], real_tokens: str | None = None
+) -> str:
+    """Round the predicted durations' total up, adding the frames to the last token; the
+    unpadded durations become the extra output `predicted_durations`. Returns the name of the
+    durations node that was padded. `frames`: an int rounds up to a multiple of it; a sequence
+    of totals (ascending) rounds up to the first that holds the durations, and past the last
+    to a multiple of the last.
+
+    `real_tokens` (after `take_token_count`): the tokens from there on are padding; their
+    durations become 0 and the frames go on the last real token. LSTMs after the durations that
+    read every frame (Kokoro's F0/N branch) get the real frame count as sequence_lens, so that
+    the padding frames do not reach the real ones through their backward direction."""
+    if {o.domain: o.version for o in proto.opset_import}.get("", 0) < 15:
+        raise GraphEditError(
+            "pad_durations writes CastLike and ReduceSum's axes input: opset >= 15"
+        )
+    index, cast = _durations_cast(proto)
     padded = cast.output[0]
     raw = cast.output[0] = f"{padded}/unpadded"
+    after = _downstream(proto.graph, padded)
 
     def const(name: str, value) -> str:
         proto.graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), name))
         return name
 
     p = "pad_durations/"
-    total = helper.make_node(
-        "ReduceSum", [raw, const(p + "last_axis", [-1])], [p + "total"], keepdims=1
-    )
-    step = const(p + "step", frames_per_step)
+    node = helper.make_node
+    ladder = [frames] if isinstance(frames, int) else list(frames)
+    if not ladder or ladder != sorted(ladder) or ladder[0] < 1:
+        raise ValueError(f"frames must be a positive int or ascending totals; got {frames!r}")
+    step, one, last_axis = const(p + "step", ladder[-1]), const(p + "one", 1), [-1]
     nodes = [
-        total,
-        helper.make_node("Add", [p + "total", step], [p + "total_and_step"]),
-        helper.make_node("Sub", [p + "total_and_step", const(p + "one", 1)], [p + "up"]),
-        helper.make_node("Div", [p + "up", step], [p + "steps"]),  # integer division
-        helper.make_node("Mul", [p + "steps", step], [p + "padded_total"]),
-        helper.make_node("Sub", [p + "padded_total", p + "total"], [p + "extra"]),
-        helper.make_node(
-            "Slice",
-            [raw, const(p + "zero", [0]), const(p + "minus_1", [-1]), p + "last_axis"],
-            [p + "head"],
-        ),
-        helper.make_node(
-            "Slice",
-            [raw, p + "minus_1", const(p + "end", [INT64_MAX]), p + "last_axis"],
-            [p + "last"],
-        ),
-        helper.make_node("Add", [p + "last", p + "extra"], [p + "last_padded"]),
-        helper.make_node("Concat", [p + "head", p + "last_padded"], [padded], axis=-1),
-        helper.make_node("Identity", [raw], [DURATIONS_OUTPUT]),
+        # positions 0 .. T-1 along the durations' last axis
+        node("Shape", [raw], [p + "shape"]),
+        node("Gather", [p + "shape", const(p + "last", -1)], [p + "count"]),
+        node("Range", [const(p + "zero", 0), p + "count", one], [p + "positions"]),
     ]
-    for offset, node in enumerate(nodes):
-        node.name = node.output[0]
-        proto.graph.node.insert(index + 1 + offset, node)
+    durations = raw
+    if real_tokens is not None:
+        durations = p + "real"
+        nodes += [
+            node("Less", [p + "positions", real_tokens], [p + "is_real"]),
+            node("Cast", [p + "is_real"], [p + "real_mask"], to=TensorProto.INT64),
+            node("Mul", [raw, p + "real_mask"], [durations]),
+        ]
+    count = real_tokens or p + "count"
+    nodes += [
+        node(
+            "ReduceSum", [durations, const(p + "last_axis", last_axis)], [p + "total"], keepdims=1
+        ),
+        node("Add", [p + "total", step], [p + "total_and_step"]),
+        node("Sub", [p + "total_and_step", one], [p + "up"]),
+        node("Div", [p + "up", step], [p + "steps"]),  # integer division
+        node("Mul", [p + "steps", step], [p + "multiple"]),
+        # the first total of the ladder that holds the durations, else the multiple of the last
+        node("GreaterOrEqual", [const(p + "ladder", ladder), p + "total"], [p + "holds"]),
+        node("Where", [p + "holds", p + "ladder", p + "multiple"], [p + "candidates"]),
+        node("ReduceMin", [p + "candidates"], [p + "padded_total"], keepdims=1),
+        node("Sub", [p + "padded_total", p + "total"], [p + "extra"]),
+        node("Sub", [count, one], [p + "last_index"]),
+        node("Equal", [p + "positions", p + "last_index"], [p + "is_last"]),
+        node("Cast", [p + "is_last"], [p + "last_mask"], to=TensorProto.INT64),
+        node("Mul", [p + "extra", p + "last_mask"], [p + "extra_on_last"]),
+        node("Add", [durations, p + "extra_on_last"], [padded]),
+        node("Identity", [durations], [DURATIONS_OUTPUT]),
+    ]
+    frame_lstms = [n for n in after if _reads_every_step(n)]
+    if frame_lstms:
+        frames = p + "frames"
+        nodes += [
+            node("Reshape", [p + "total", const(p + "vector", [1])], [p + "frames_int64"]),
+            node("Cast", [p + "frames_int64"], [frames], to=TensorProto.INT32),
+        ]
+        for lstm in frame_lstms:
+            _set_sequence_lens(lstm, frames)
+    for offset, new in enumerate(nodes):
+        new.name = new.output[0]
+        proto.graph.node.insert(index + 1 + offset, new)
+    _only_real_steps(proto, after, p + "total", p + "padded_total")
     proto.graph.output.append(
         helper.make_tensor_value_info(DURATIONS_OUTPUT, TensorProto.INT64, None)
     )
     return cast.name or raw
 
 
+class _RealSteps:
+    """Builds, for a [N, C, L] value after the durations, the mask of its real time steps.
+
+    Each stage of the decoder runs at a fixed rate of frames (x2, x10, x6 upsampling, a
+    reflection pad's extra step), so a value of L steps over `padded` frames has
+    rate = L // padded steps a frame, and its last (padded - real) * rate steps are padding."""
+
+    CONSTANTS = {"zero": 0, "one": 1, "time_axis": 2, "time_axes": [2], "channel_axes": [-1]}
+
+    def __init__(self, proto: onnx.ModelProto, real: str, padded: str):
+        self.proto, self.q = proto, "real_steps/"
+        for name, value in self.CONSTANTS.items():
+            self.initializer(self.q + name, np.array(value, np.int64))
+        self.initializer(self.q + "float_zero", np.array(0.0, np.float32))
+        self.initializer(self.q + "scalar", np.array([], np.int64))
+        node = helper.make_node
+        self.head = [
+            node("Reshape", [padded, self.q + "scalar"], [self.q + "padded"]),
+            node("Reshape", [real, self.q + "scalar"], [self.q + "real"]),
+            node("Sub", [self.q + "padded", self.q + "real"], [self.q + "padding"]),
+        ]
+
+    def initializer(self, name: str, value: np.ndarray) -> None:
+        self.proto.graph.initializer.append(numpy_helper.from_array(value, name))
+
+    def mask(self, x: str, r: str) -> list[onnx.NodeProto]:
+        """Nodes computing r + "is_real" (bool, [L]), r + "count" (the real steps, in x's
+        dtype) and r + "zero" (0 in x's dtype). Padding is set to 0 by Where, not by a
+        multiplication: it may hold NaN (an atan2 of 0 / 0 on silent padding)."""
+        node, q = helper.make_node, self.q
+        return [
+            node("Shape", [x], [r + "shape"]),
+            node("Gather", [r + "shape", q + "time_axis"], [r + "length"]),
+            node("Div", [r + "length", q + "padded"], [r + "rate"]),  # integer division
+            node("Mul", [q + "padding", r + "rate"], [r + "padding"]),
+            node("Sub", [r + "length", r + "padding"], [r + "real_length"]),
+            node("Range", [q + "zero", r + "length", q + "one"], [r + "steps"]),
+            node("Less", [r + "steps", r + "real_length"], [r + "is_real"]),
+            node("CastLike", [r + "real_length", x], [r + "count"]),
+            node("CastLike", [q + "float_zero", x], [r + "zero"]),
+        ]
+
+    def instance_norm(self, old: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """InstanceNormalization with its mean and variance over the real steps only."""
+        node, q = helper.make_node, self.q
+        x, scale, bias = old.input
+        y = old.output[0]
+        r = f"{y}/real_steps/"
+        epsilon = next((a.f for a in old.attribute if a.name == "epsilon"), 1e-5)
+        self.initializer(r + "epsilon", np.array(epsilon, np.float32))
+        return self.mask(x, r) + [
+            node("Where", [r + "is_real", x, r + "zero"], [r + "x_real"]),
+            node("ReduceSum", [r + "x_real", q + "time_axes"], [r + "sum"], keepdims=1),
+            node("Div", [r + "sum", r + "count"], [r + "mean"]),
+            node("Sub", [x, r + "mean"], [r + "centered"]),
+            node("Where", [r + "is_real", r + "centered", r + "zero"], [r + "centered_real"]),
+            node("Mul", [r + "centered_real", r + "centered_real"], [r + "squares"]),
+            node("ReduceSum", [r + "squares", q + "time_axes"], [r + "square_sum"], keepdims=1),
+            node("Div", [r + "square_sum", r + "count"], [r + "variance"]),
+            node("CastLike", [r + "epsilon", x], [r + "epsilon_x"]),
+            node("Add", [r + "variance", r + "epsilon_x"], [r + "variance_eps"]),
+            node("Sqrt", [r + "variance_eps"], [r + "deviation"]),
+            node("Div", [r + "centered", r + "deviation"], [r + "normalized"]),
+            node("Unsqueeze", [scale, q + "channel_axes"], [r + "scale"]),
+            node("Unsqueeze", [bias, q + "channel_axes"], [r + "bias"]),
+            node("Mul", [r + "normalized", r + "scale"], [r + "scaled"]),
+            node("Add", [r + "scaled", r + "bias"], [y]),
+        ]
+
+    def zero_padding(self, x: str) -> tuple[list[onnx.NodeProto], str]:
+        """Nodes setting x's padding steps to 0, and the name of the result."""
+        r = f"{x}/real_steps/"
+        return self.mask(x, r) + [
+            helper.make_node("Where", [r + "is_real", x, r + "zero"], [r + "zeroed"]),
+        ], r + "zeroed"
+
+
+def _only_real_steps(
+    proto: onnx.ModelProto, after: list[onnx.NodeProto], real: str, padded: str
+) -> None:
+    """Make the ops after the durations that mix time steps see only the real ones: instance
+    norms take their statistics over the real steps (Kokoro's AdaIN layers), and 1-D
+    convolutions (float, or ConvInteger through its DynamicQuantizeLinear) read zeros on the
+    padding steps, as on their own zero padding past the real end. The padding steps then
+    reach the real ones through nothing but those convolutions' edges, at the end."""
+    g = _Graph(proto.graph)
+    steps = _RealSteps(proto, real, padded)
+    norms = {id(n) for n in after if n.op_type == "InstanceNormalization"}
+    zeroed: set[str] = set()  # conv inputs to read zeroed
+    for n in after:
+        weight = g.initializers.get(n.input[1]) if len(n.input) > 1 else None
+        if n.op_type not in ("Conv", "ConvTranspose", "ConvInteger") or weight is None:
+            continue
+        if len(weight.dims) != 3:
+            continue
+        source = n.input[0]
+        if n.op_type == "ConvInteger":
+            quantize = g.node(source, "DynamicQuantizeLinear")
+            if quantize is None:
+                continue
+            source = quantize.input[0]
+        zeroed.add(source)
+    rebuilt = list(steps.head)
+    renamed: dict[str, str] = {}
+    for old in proto.graph.node:
+        if id(old) in norms:
+            rebuilt += steps.instance_norm(old)
+            continue
+        old.input[:] = [renamed.get(i, i) for i in old.input]
+        rebuilt.append(old)
+        for out in old.output:
+            if out in zeroed:
+                nodes, renamed[out] = steps.zero_padding(out)
+                rebuilt += nodes
+    for new in rebuilt:
+        new.name = new.name or new.output[0]
+    del proto.graph.node[:]
+    proto.graph.node.extend(rebuilt)
+
+
+TOKEN_COUNT_INPUT = "input_lengths"
+LSTMS = ("LSTM", "DynamicQuantizeLSTM")  # sequence_lens is input 4 of both
+
+
+def _reads_every_step(node: onnx.NodeProto) -> bool:
+    """An LSTM without sequence_lens: it reads padding as if it were input."""
+    return node.op_type in LSTMS and (len(node.input) <= 4 or not node.input[4])
+
+
+def _set_sequence_lens(lstm: onnx.NodeProto, lengths: str) -> None:
+    while len(lstm.input) <= 4:
+        lstm.input.append("")
+    lstm.input[4] = lengths
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The values a node reads: its inputs and what its subgraphs (Loop, If, Scan bodies) read
+    from outside them (torch.onnx's repeat_interleave Loop reads the durations that way)."""
+    read = set(node.input)
+    for attr in node.attribute:
+        for body in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            inner = {i.name for i in body.input} | {t.name for t in body.initializer}
+            for sub in body.node:
+                read.update(_reads(sub) - inner)
+                inner.update(sub.output)
+    return read
+
+
+def _downstream(graph: onnx.GraphProto, value: str) -> list[onnx.NodeProto]:
+    """The nodes that read `value`, directly or through other nodes, in graph order."""
+    reached, found = {value}, []
+    for node in graph.node:
+        if reached.intersection(_reads(node)):
+            reached.update(node.output)
+            found.append(node)
+    return found
+
+
+def _upstream(graph: onnx.GraphProto, value: str) -> list[onnx.NodeProto]:
+    """The nodes whose outputs `value` is computed from."""
+    needed, found = {value}, []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            needed.update(node.input)
+            found.append(node)
+    return found
+
+
+def take_token_count(proto: onnx.ModelProto) -> str:
+    """Make the number of real tokens the graph input `input_lengths` (int64 [1]): the token ids
+    may then be padded at the end, and every real token's result is the unpadded graph's. Run
+    `pad_durations` after it with `real_tokens=` the returned name, which zeroes the padding's
+    durations. Returns the input's name.
+
+    Kokoro's forward takes `input_lengths` from input_ids' shape and builds
+    `text_mask = arange(max(input_lengths)) + 1 > input_lengths[:, None]` from it, which masks
+    PL-BERT's attention and the encoders, and it packs the encoders' LSTMs by it. That value
+    is found as the one tensor read both by a ReduceMax that sets a Range's length and by an
+    Unsqueeze compared by a Greater; all its readers but the ReduceMax (the Range keeps the
+    padded length) then read the input. LSTMs the durations are computed from that read every
+    step (the duration LSTM) get it as sequence_lens."""
+    g = _Graph(proto.graph)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def reaches_range_limit(value: str) -> bool:
+        for reader in readers.get(value, []):
+            if reader.op_type == "Range" and reader.input[1] == value:
+                return True
+            if reader.op_type == "Cast" and reaches_range_limit(reader.output[0]):
+                return True
+        return False
+
+    def compared_by_greater(value: str) -> bool:
+        return any(
+            reader.op_type == "Greater" and reader.input[1] == unsqueeze.output[0]
+            for unsqueeze in readers.get(value, [])
+            if unsqueeze.op_type == "Unsqueeze"
+            for reader in readers.get(unsqueeze.output[0], [])
+        )
+
+    found = {
+        node.input[0]: node
+        for node in proto.graph.node
+        if node.op_type == "ReduceMax"
+        and reaches_range_limit(node.output[0])
+        and compared_by_greater(node.input[0])
+    }
+    if len(found) != 1:
+        raise GraphEditError(
+            f"expected one token-length mask (input_lengths -> ReduceMax -> Range, "
+            f"Unsqueeze -> Greater), found {len(found)}: this graph does not mask its tokens "
+            "as Kokoro's export does"
+        )
+    ((lengths, reduce_max),) = found.items()
+    for node in readers[lengths]:
+        if node is not reduce_max:
+            node.input[:] = [TOKEN_COUNT_INPUT if n == lengths else n for n in node.input]
+    _, cast = _durations_cast(proto)
+    round_ = g.node(g.producer[cast.input[0]].input[0], "Round")
+    as_int32 = f"{TOKEN_COUNT_INPUT}/int32"
+    for lstm in _upstream(proto.graph, round_.output[0]):
+        if _reads_every_step(lstm):
+            _set_sequence_lens(lstm, as_int32)
+    proto.graph.node.insert(
+        0, helper.make_node("Cast", [TOKEN_COUNT_INPUT], [as_int32], as_int32, to=TensorProto.INT32)
+    )
+    proto.graph.input.append(
+        helper.make_tensor_value_info(TOKEN_COUNT_INPUT, TensorProto.INT64, [1])
+    )
+    return TOKEN_COUNT_INPUT
+
+
 def load_speech_model(
     path: str | os.PathLike,
     *,
     fix_atan2: bool,
-    frames_per_step: int,
+    frames: int | Sequence[int],
 ):
-    """The ONNX file at `path` (external data read in) with `pad_durations` and, when
-    `fix_atan2`, `fix_atan2_quadrant`, loaded by `transmuter.load`."""
+    """The ONNX file at `path` (external data read in) with `take_token_count` where the graph
+    masks its tokens as Kokoro's does (with a warning where it does not: its token count then
+    cannot be padded), `pad_durations` to `frames` and, when `fix_atan2`, `fix_atan2_quadrant`,
+    loaded by
+    `transmuter.load`. Whether the token count was taken shows in the model's inputs
+    (`TOKEN_COUNT_INPUT`)."""
     import transmuter  # the public API sits above the front end: imported when called
 
     proto = onnx.load(os.fspath(path))
     if fix_atan2:
         fix_atan2_quadrant(proto)
-    pad_durations(proto, frames_per_step)
+    try:
+        real_tokens = take_token_count(proto)
+    except GraphEditError as error:
+        warnings.warn(f"{path}: {error}; each token count compiles its own programs", stacklevel=2)
+        real_tokens = None
+    pad_durations(proto, frames, real_tokens)
     return transmuter.load(proto)

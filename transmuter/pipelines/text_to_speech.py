@@ -7,23 +7,26 @@ tokenizer.json holding the phoneme vocabulary. Both input namings of Kokoro's ex
 Input: a phoneme string (`phonemes=True`), each character mapped to its id in tokenizer.json's
 vocabulary and 0 put at both ends, as Kokoro does; or text (the default), turned into phonemes
 by misaki (Kokoro's grapheme-to-phoneme package, the `tts` extra), American or British English
-by the voice name's first letter. The style vector is the voice pack's row for the number of
-phoneme tokens (without the two 0s), clipped to the last row, as kokoro-js and kokoro-onnx
-index the pack (so the same phonemes get the same voice row as in those runtimes). Inputs over 510 tokens are split at sentence ends (. ! ? ;) and the audio joined.
+by the voice name's first letter. The style vector is the voice pack's row len(phonemes) - 1,
+clipped to the pack, as the `kokoro` package's KPipeline picks it (kokoro-onnx and kokoro-js
+take the next row). Inputs over 510 tokens are split at sentence ends (. ! ? ;) and the audio
+joined.
 
-The graph is edited before loading (transmuter/frontend/graph_edits.py): the predicted
-durations' total is padded (on the end marker) to 200 ms steps, so the programs after the
-graph's data-dependent break recur for nearby frame counts. They are also keyed by the token
-count (the alignment of tokens to frames is after the break), so on the stand-in 50 phoneme
-strings of random lengths (47 token counts) compile 99 programs, about two per token count;
-padding to powers of two of frames instead compiled 98: the token count decides. The padded
-frames' samples are cut from what is returned; the vocoder's convolutions near the end still
-saw them, so the last few hundred samples differ from the unpadded graph's
-(tests/pipelines/test_text_to_speech.py). The text encoder before the break
-compiles once per token count: Kokoro's export has no attention mask, so its token dim cannot
-be bucketed. `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where
-the exported pattern gives -pi: the audio then matches torch's, which the voices were trained
-with (examples/kokoro_tts.py measures the difference).
+Buckets (transmuter/frontend/graph_edits.py edits the graph before loading): the token count
+becomes an input (`take_token_count`), so the token ids are padded with 0s to 32, 128 or 512
+tokens and the padding changes nothing the real tokens get (masks, LSTM sequence_lens, zero
+durations); the frames' total is padded (on the last real token) to a power of two from 64
+frames (1.6 s), with the instance norms and convolutions after the durations made to see only
+the real frames (`pad_durations`). So a program before the graph's data-dependent break per
+token bucket, and one after it per (token bucket, frame bucket): on 50 sentences of random
+lengths about 8 programs, where exact lengths compiled about two per token count (99 for 47
+counts). The cost: the vocoder runs on up to twice the frames (about 1.4x on average). The
+padded frames' samples are cut from what is returned; the convolutions near the end saw
+them, so the last few hundred samples differ from the unpadded graph's. A graph that does not
+mask its tokens as Kokoro's export does is run with a warning and a program per token count.
+`fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where the exported
+pattern gives -pi: the audio then matches torch's, which the voices were trained with
+(examples/kokoro_tts.py measures the difference).
 
 Returns {"audio": float32 [samples], "sampling_rate": 24000, "durations": int64 frames per
 token, 0s included, chunks joined}: transformers' text-to-audio keys, plus the durations.
@@ -41,12 +44,13 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
-from transmuter.frontend.graph_edits import DURATIONS_OUTPUT, load_speech_model
+from transmuter.frontend.graph_edits import DURATIONS_OUTPUT, TOKEN_COUNT_INPUT, load_speech_model
 from transmuter.pipelines.repo import Repo
 
 SAMPLING_RATE = 24000
 FRAME_SAMPLES = 600  # Kokoro: one duration frame is 600 samples (25 ms)
-FRAMES_PER_STEP = 8  # durations padded to 200 ms
+TOKEN_BUCKETS = (32, 128, 512)  # token ids padded to these (Kokoro's context is 512)
+FRAME_BUCKETS = tuple(64 * 2**k for k in range(10))  # durations' total: 64 frames (1.6 s) up
 STYLE_SIZE = 256
 MAX_PHONEMES = 510  # Kokoro's context of 512 less the two 0s
 SENTENCE_END = re.compile(r"(?<=[.!?;])\s*")
@@ -74,7 +78,7 @@ class TextToSpeech:
         self.model = load_speech_model(
             repo.onnx["model"],
             fix_atan2=fix_atan2,
-            frames_per_step=FRAMES_PER_STEP,
+            frames=FRAME_BUCKETS,
         )
         names = {v.name for v in self.model.ir.graph.inputs}
         token_input = next((n for n in NAMINGS if n in names), None)
@@ -84,6 +88,7 @@ class TextToSpeech:
                 "(input_ids or tokens, style, speed)"
             )
         self.token_input, self.audio_output = token_input, NAMINGS[token_input]
+        self.pads_tokens = TOKEN_COUNT_INPUT in names
         self.voice, self.speed = voice, speed
         self._packs: dict[str, np.ndarray] = {}
         self._compiled = None
@@ -106,7 +111,7 @@ class TextToSpeech:
         audio, durations = [], []
         for chunk in split_sentences(text):
             ids = self._ids(chunk)
-            style = pack[min(len(ids), len(pack) - 1)]
+            style = pack[min(max(len(ids) - 1, 0), len(pack) - 1)]
             wave_, frames = self._speak(ids, style, self.speed if speed is None else speed)
             audio.append(wave_)
             durations.append(frames)
@@ -127,15 +132,21 @@ class TextToSpeech:
     def _speak(self, ids: list[int], style: np.ndarray, speed: float):
         if not isinstance(speed, (int, float)) or speed <= 0:
             raise InputError(f"speed must be a positive number; got {speed!r}")
+        tokens = [0, *ids, 0]
         feed = {
-            self.token_input: np.array([[0, *ids, 0]], np.int64),
             "style": style.reshape(1, STYLE_SIZE).astype(np.float32),
             "speed": np.array([speed], np.float32),
         }
+        if self.pads_tokens:
+            bucket = next(b for b in TOKEN_BUCKETS if b >= len(tokens))
+            feed[TOKEN_COUNT_INPUT] = np.array([len(tokens)], np.int64)
+            tokens = tokens + [0] * (bucket - len(tokens))
+        feed[self.token_input] = np.array([tokens], np.int64)
         if self._compiled is None:
             self._compiled = transmuter.compile(self.model, feed, cache_size=16)
         out = self._compiled(feed)
         durations = np.asarray(out[DURATIONS_OUTPUT]).reshape(-1).astype(np.int64)
+        durations = durations[: len(ids) + 2]  # the padding tokens' are 0
         audio = np.asarray(out[self.audio_output], np.float32).reshape(-1)
         # The padded frames (trailing, on the end marker) are not the model's audio.
         return audio[: int(durations.sum()) * FRAME_SAMPLES], durations
