@@ -1,7 +1,8 @@
 """The zero-shot-object-detection task: an image and candidate labels in, [{"score", "label",
 "box"}] out (best first), as transformers' pipeline returns them, for OWL-ViT and OWLv2 exports
 in Optimum's single-graph layout (model.onnx: input_ids, pixel_values, attention_mask ->
-logits, pred_boxes, text_embeds, image_embeds).
+logits, pred_boxes, text_embeds, image_embeds), and Grounding DINO (grounding_dino.py: a
+forward per label, labels batched as rows).
 
 transformers' pipeline runs the model once per label; each label's logits depend on that label
 alone (the class head scores each query against the image's patches on its own), so one call
@@ -36,6 +37,7 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.detection import _box, corners_scaled
+from transmuter.pipelines.grounding_dino import GroundingDino
 from transmuter.pipelines.images import load_image, preprocess
 from transmuter.pipelines.repo import Repo
 
@@ -46,6 +48,7 @@ PROCESSOR_DEFAULTS = {
     "owlv2": {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
 }
 DEFAULT_SIZES = {"owlvit": 768, "owlv2": 960}
+FAMILIES = (*PROCESSOR_DEFAULTS, "grounding-dino")
 INPUTS = ("input_ids", "pixel_values", "attention_mask")
 
 
@@ -53,20 +56,31 @@ class ZeroShotObjectDetection:
     """Find `candidate_labels` (a list, or one comma-separated string) in images: an image
     with `candidate_labels=`, a list of images sharing them, or {"image", "candidate_labels"}
     dicts. Per image the detections scoring above `threshold` (default 0.1) for any label,
-    best first, the `top_k` best where given."""
+    best first, the `top_k` best where given. `batch_size`: Grounding DINO's labels per forward
+    (OWL-ViT and OWLv2 take every label in one)."""
 
     def __init__(
-        self, repo: Repo, *, threshold: float = 0.1, top_k: int | None = None, cache_size: int = 8
+        self,
+        repo: Repo,
+        *,
+        threshold: float = 0.1,
+        top_k: int | None = None,
+        batch_size: int = 4,
+        cache_size: int = 8,
     ):
         if cache_size < 1 or (top_k is not None and top_k < 1):
             raise InputError(f"top_k and cache_size must be at least 1; got {top_k}, {cache_size}")
         self.repo, self.threshold, self.top_k, self.cache_size = repo, threshold, top_k, cache_size
         self.family = repo.config.get("model_type")
-        if self.family not in PROCESSOR_DEFAULTS:
+        if self.family not in FAMILIES:
             raise ModelLoadError(
                 f"{repo.source}: config.json's model_type is {self.family!r}; zero-shot object "
-                f"detection supports {', '.join(PROCESSOR_DEFAULTS)}"
+                f"detection supports {', '.join(FAMILIES)}"
             )
+        self.grounding = None
+        if self.family == "grounding-dino":
+            self.grounding = GroundingDino(repo, batch_size=batch_size, cache_size=cache_size)
+            return
         self.tokenizer = repo.require_tokenizer("zero-shot-object-detection")
         self.model = repo.model("model")
         if sorted(self.model.inputs) != sorted(INPUTS) or not {"logits", "pred_boxes"} <= set(
@@ -104,6 +118,9 @@ class ZeroShotObjectDetection:
         top_k = top_k or self.top_k
         results = []
         for image, labels in requests:
+            if self.grounding is not None:
+                results.append(self.grounding.detect(image, labels, threshold, top_k))
+                continue
             image = load_image(image)
             logits, boxes = self._run(self.pixels(image), labels)
             results.append(self._detections(logits, boxes, labels, image.size, threshold, top_k))
@@ -111,6 +128,8 @@ class ZeroShotObjectDetection:
 
     def pixels(self, image: Any) -> np.ndarray:
         """The family's processor: float32 [3, height, width] for one image."""
+        if self.grounding is not None:
+            return self.grounding.pixels(image)
         image = load_image(image)
         if self.family == "owlvit":
             return preprocess(image, self.config)
