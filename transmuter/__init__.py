@@ -31,6 +31,7 @@ from transmuter.frontend import hub, load_model
 from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
 from transmuter.runtime import CompiledModel, Model, run, sharding
+from transmuter.runtime.disk_cache import use_persistent_cache
 from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
 from transmuter.runtime.optimize import optimize as optimize_graph
 
@@ -56,6 +57,7 @@ __all__ = [
     "run",
     "save",
     "telemetry",
+    "use_persistent_cache",
     "write_export",
 ]
 

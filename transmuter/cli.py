@@ -155,6 +155,10 @@ def _parser() -> argparse.ArgumentParser:
         help="automatic-speech-recognition: past (the with-past decoder, the default: a program "
         "per token) or padded (the no-past decoder over padded tokens: a program per bucket)",
     )  # fmt: skip
+    serve.add_argument(
+        "--cache-dir",
+        help="persist compiled programs in this folder, so that a restart skips XLA",
+    )
     serve.add_argument("--model-id", help="the name clients give as model (default: the folder's)")
     serve.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
@@ -436,6 +440,8 @@ def serve_(args) -> int:
         print(f"error: transmuter serve runs {', '.join(http.ROUTES)}; got --task {args.task!r}",
               file=sys.stderr)  # fmt: skip
         return 1
+    if args.cache_dir:
+        transmuter.use_persistent_cache(args.cache_dir)
     repo = transmuter.load_repo(args.repo, dtype=args.dtype)
     if args.model_shards != 1:
         devices = jax.devices()

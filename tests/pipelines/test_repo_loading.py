@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -89,3 +92,29 @@ def test_a_hub_decoder_generates_what_transformers_did(hub):  # noqa: F811
     want = expected("llama")["single"]
     generate = transmuter.pipeline("text-generation", "hf://org/llama")
     assert generate.generate(want["input_ids"], max_new_tokens=40) == want["new_tokens"]
+
+
+def test_cache_dir_lets_a_second_process_skip_xla(tmp_path):
+    """pipeline(cache_dir=) persists what the task compiles: a second process reads it back."""
+    script = textwrap.dedent(f"""
+        import transmuter
+        seen = []
+        transmuter.telemetry.attach("t", ["transmuter.segment.compile.stop"],
+                                    lambda e, m, md: seen.append(md["disk_cache"]))
+        classify = transmuter.pipeline("text-classification", {str(REPOS / "bert-sst")!r},
+                                       cache_dir={str(tmp_path / "cache")!r})
+        classify("a fine film")
+        print(",".join(seen))
+    """)
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout.strip() and set(runs[0].stdout.strip().split(",")) == {"miss"}
+    assert set(runs[1].stdout.strip().split(",")) == {"hit"}, runs[1].stderr
+
+
+def test_cache_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="is a file"):
+        transmuter.pipeline("text-classification", REPOS / "bert-sst", cache_dir=tmp_path / "file")

@@ -10,6 +10,7 @@ import inspect
 import os
 from typing import Any
 
+import transmuter
 from transmuter.errors import InputError
 from transmuter.pipelines.audio_classification import AudioClassification
 from transmuter.pipelines.depth import DepthEstimation
@@ -75,12 +76,17 @@ def pipeline(
     dtype: str | None = None,
     mesh: Any = None,
     model_axis: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
     **options,
 ):
     """A callable for `task` on `repo` (a `Repo`, a local folder or `hf://org/repo[@revision]`;
     `dtype` picks transformers.js weight files, see `load_repo`). `mesh` and `model_axis`
     place the models' params on a `jax.sharding.Mesh`, split over that axis (`Repo.shard`).
+    `cache_dir` persists the programs the task compiles on disk, so that a later process skips
+    XLA (JAX's persistent compilation cache: a process-wide setting, as `compile`'s).
     The options are the task's (see its class in TASKS)."""
+    if cache_dir is not None:
+        transmuter.use_persistent_cache(cache_dir)
     if model_axis is not None and mesh is None:
         raise InputError(f"model_axis={model_axis!r} names an axis of a mesh: give mesh= too")
     if task.startswith("translation_"):
