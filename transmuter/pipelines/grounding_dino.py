@@ -16,9 +16,9 @@ that takes the longest past `longest_edge`, rescale, normalize; an image alone i
 
 One forward per label does not mean one label per row: labels are rows of one batch (up to
 `batch_size`; the row count padded to a power of two, at most `batch_size`, by repeating the
-last label, whose rows are dropped). Rows do not mix, except that the fusion layers subtract one maximum over the
-whole batch from the attention logits before a softmax, which the softmax cancels (up to
-rounding; not where logits spread more than the layer's clamp of 5e4).
+last label, whose rows are dropped). Rows do not mix, except that the fusion layers subtract
+one maximum over the whole batch from the attention logits before a softmax, which the softmax
+cancels (up to rounding; not where logits spread more than the layer's clamp of 5e4).
 
 Buckets: text is left-padded to a multiple of 16 tokens (capped at config.json's max_text_len)
 with [CLS] ids and attention_mask 0. That is exact, where right padding is not: the model
@@ -26,15 +26,15 @@ builds each token's attention and position from the delimiters around it ([CLS],
 "?": transformers' ids 101, 102, 1012, 1029) and treats a phrase ending at the last position
 apart, so padding after [SEP] would change the label's own tokens; padding before [CLS] with
 delimiters leaves every real token its attention and positions, and attention_mask hides the
-padding from the fusion layers, the decoder and the logits (on make_grounding_dino.py's
-model in torch, each query's best logit: left padding to 16 moves it by 5e-7, right padding
-by up to 3.5, padding a 64 x 85 image to 96 x 96 with pixel_mask 0 by up to 3). Where the tokenizer's [CLS] is not
-one of those ids, labels run at their own token count. Labels are grouped by their text bucket,
-so a long label does not widen the others. Images run at their resized size (or `pad_size`):
-padding them, even masked, changes the answer (the Swin backbone sees the padded pixels).
-So a program per (resized height and width, row bucket 1/2/4/... up to `batch_size`, text
-bucket 16/32/...). The image half is not reused: the single graph runs the backbone and the
-encoder's image side for every row, so each label pays for the image again (that needs the
+padding from the fusion layers, the decoder and the logits (on make_grounding_dino.py's model
+in torch, each query's best logit: left padding to 16 moves it by 5e-7, right padding by up to
+3.5, padding a 64 x 85 image to 96 x 96 with pixel_mask 0 by up to 3). Where the tokenizer's
+[CLS] is not one of those ids, labels run at their own token count. Labels are grouped by their
+text bucket, so a long label does not widen the others. Images run at their resized size (or
+`pad_size`): padding them, even masked, changes the answer (the Swin backbone sees the padded
+pixels). So a program per (resized height and width, row bucket 1/2/4/... up to `batch_size`,
+text bucket 16/32/...). The image half is not reused: the single graph runs the backbone and
+the encoder's image side for every row, so each label pays for the image again (that needs the
 image encoder exported apart).
 """
 
