@@ -113,6 +113,12 @@ CASES = {
         image,
         call={"candidate_labels": ["a cat", "a remote control", "a dog"]},
     ),
+    "zero-shot-object-detection/grounding-dino": Case(
+        "zero-shot-object-detection",
+        "grounding-dino",
+        image,
+        call={"candidate_labels": ["cat", "remote control", "a photo of a dog"]},
+    ),
     "mask-generation/sam": Case(
         "mask-generation", "sam", image, call={"input_points": POINTS}, fresh=True
     ),

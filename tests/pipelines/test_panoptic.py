@@ -13,6 +13,7 @@ from conftest import REPOS, expected
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines import segmentation
 
 sys.path.insert(0, str(REPOS.parent))
 from detection_images import images  # noqa: E402  (the images the fixture was recorded on)
@@ -44,8 +45,11 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float((a & b).sum() / max((a | b).sum(), 1))
 
 
-def assert_same(row: list, run: str, i: int, masks: dict, name: str = NAME) -> None:
-    """Image i's transformers' labels in order, scores within 1e-4, masks of IoU >= 0.999."""
+def assert_same(
+    row: list, run: str, i: int, masks: dict, name: str = NAME, ties: np.ndarray | None = None
+) -> None:
+    """Image i's transformers' labels in order, scores within 1e-4, masks of IoU >= 0.999;
+    `ties`: pixels whose class rounding decides (left out of the IoU)."""
     want = expected(name)[run]
     assert [r["label"] for r in row] == want["labels"][i]
     assert all(list(r) == ["score", "label", "mask"] for r in row)
@@ -58,20 +62,34 @@ def assert_same(row: list, run: str, i: int, masks: dict, name: str = NAME) -> N
         assert r["mask"].mode == "L" and r["mask"].size == images()[i].shape[1::-1]
         mask = np.asarray(r["mask"])
         assert set(np.unique(mask)) <= {0, 255}
-        assert iou(mask > 0, masks[f"{run}_{i}_{j}"]) >= 0.999
+        decided = np.ones(mask.shape, bool) if ties is None else ~ties
+        assert iou((mask > 0) & decided, masks[f"{run}_{i}_{j}"] & decided) >= 0.999
 
 
 @pytest.mark.slow  # four programs (one per resized size): 8-14 s to compile on 2 cores
 @pytest.mark.parametrize("run", ["panoptic", "instance", "semantic", "default"])
-def test_segments_are_transformers(segment, masks, run, tmp_path):
+def test_segments_are_transformers(segment, masks, run, tmp_path, monkeypatch):
     options = expected(NAME)["options"][run]
     batch = images()
     path = tmp_path / "image.png"
     Image.fromarray(batch[3]).save(path)
+    # Semantic maps of random weights have pixels where two classes' upsampled scores tie to
+    # within float rounding (7e-7 against a median margin of 0.07): the CPU's kernels (AVX2 or
+    # AVX-512) decide those, here and in torch, so they are left out of the IoU.
+    maps = []
+
+    def resize_maps(found, size, mode):
+        maps.append(resize(found, size, mode))
+        return maps[-1]
+
+    resize = segmentation.resize_maps
+    monkeypatch.setattr(segmentation, "resize_maps", resize_maps)
     got = segment([batch[0], Image.fromarray(batch[1]), batch[2], path], **options)
     assert len(got) == 4
     for i, row in enumerate(got):
-        assert_same(row, run, i, masks)
+        top = np.sort(maps[i], 0)[-2:] if run == "semantic" else None
+        ties = None if top is None else top[1] - top[0] < 1e-5
+        assert_same(row, run, i, masks, ties=ties)
 
 
 def test_options_at_load_single_image_and_nothing_found(masks):

@@ -156,14 +156,9 @@ class DetrFamilyModel:
         """The input size an image resized to (height, width) runs at: the processor's
         `pad_size` where its config sets one (transformers pads every image to it), else
         rounded up to `pad_to_multiple_of`, else its own."""
-        pad_size = self.config.get("pad_size")
-        if pad_size and self.config.get("do_pad", True):
-            if pad_size["height"] < height or pad_size["width"] < width:
-                raise InputError(
-                    f"an image resized to {height} x {width} is larger than the processor's "
-                    f"pad_size {pad_size['height']} x {pad_size['width']}"
-                )
-            return pad_size["height"], pad_size["width"]
+        fixed = processor_pad_size(self.config, height, width)
+        if fixed:
+            return fixed
         if self.multiple:
             return tuple(-(-n // self.multiple) * self.multiple for n in (height, width))
         return height, width
@@ -181,6 +176,20 @@ class DetrFamilyModel:
             self._compiled = transmuter.compile(self.model, inputs, cache_size=self.cache_size)
         found = self._compiled(inputs)
         return {name: np.asarray(found[name], np.float32)[0] for name in self.outputs}
+
+
+def processor_pad_size(config: Mapping[str, Any], height: int, width: int) -> tuple[int, ...]:
+    """The size the image processor pads every image to, where its config sets `pad_size`
+    (and `do_pad`), checked to hold an image resized to (height, width); else ()."""
+    pad_size = config.get("pad_size")
+    if not (pad_size and config.get("do_pad", True)):
+        return ()
+    if pad_size["height"] < height or pad_size["width"] < width:
+        raise InputError(
+            f"an image resized to {height} x {width} is larger than the processor's "
+            f"pad_size {pad_size['height']} x {pad_size['width']}"
+        )
+    return pad_size["height"], pad_size["width"]
 
 
 class ObjectDetection(DetrFamilyModel):

@@ -47,7 +47,13 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import DETR_DEFAULTS, _box, _detr_size, corners_scaled
+from transmuter.pipelines.detection import (
+    DETR_DEFAULTS,
+    _box,
+    _detr_size,
+    corners_scaled,
+    processor_pad_size,
+)
 from transmuter.pipelines.images import _resized, load_image, preprocess
 from transmuter.pipelines.repo import Repo
 
@@ -146,16 +152,7 @@ class GroundingDino:
 
     def _image_inputs(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
         height, width = pixels.shape[1:]
-        pad_size = self.config.get("pad_size")
-        if pad_size and self.config.get("do_pad", True):
-            if pad_size["height"] < height or pad_size["width"] < width:
-                raise InputError(
-                    f"an image resized to {height} x {width} is larger than the processor's "
-                    f"pad_size {pad_size['height']} x {pad_size['width']}"
-                )
-            padded = (pad_size["height"], pad_size["width"])
-        else:
-            padded = (height, width)
+        padded = processor_pad_size(self.config, height, width) or (height, width)
         pad = ((0, 0), (0, padded[0] - height), (0, padded[1] - width))
         mask = np.zeros((1, *padded), np.int64)
         mask[:, :height, :width] = 1
