@@ -119,6 +119,13 @@ CASES = {
         image,
         call={"candidate_labels": ["cat", "remote control", "a photo of a dog"]},
     ),
+    "zero-shot-object-detection/grounding-dino-pad32": Case(
+        "zero-shot-object-detection",
+        "grounding-dino",
+        image,
+        options={"pad_to_multiple_of": 32},
+        call={"candidate_labels": ["cat", "remote control", "a photo of a dog"]},
+    ),
     "mask-generation/sam": Case(
         "mask-generation", "sam", image, call={"input_points": POINTS}, fresh=True
     ),

@@ -14,6 +14,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.detection import padded_size
 
 sys.path.insert(0, str(REPOS.parent))
 from detection_images import images  # noqa: E402  (the images the fixture was recorded on)
@@ -128,12 +129,13 @@ def test_older_configs_give_size_as_an_int():
 
 
 def test_padded_sizes():
-    detect = transmuter.pipeline("object-detection", REPOS / "detr", pad_to_multiple_of=32)
-    assert detect.padded_size(64, 85) == (64, 96) and detect.padded_size(26, 96) == (32, 96)
-    detect.config["pad_size"] = {"height": 96, "width": 96}  # transformers pads every image
-    assert detect.padded_size(26, 96) == (96, 96)
+    assert padded_size({}, None, 64, 85) == (64, 85)
+    assert padded_size({}, 32, 64, 85) == (64, 96) and padded_size({}, 32, 26, 96) == (32, 96)
+    pad_size = {"pad_size": {"height": 96, "width": 96}}  # transformers pads every image to it
+    assert padded_size(pad_size, 32, 26, 96) == (96, 96)
+    assert padded_size({**pad_size, "do_pad": False}, None, 26, 96) == (26, 96)
     with pytest.raises(InputError, match="larger than the processor's pad_size"):
-        detect.padded_size(100, 64)
+        padded_size(pad_size, None, 100, 64)
 
 
 def test_rf_detr_export_is_refused(tmp_path):

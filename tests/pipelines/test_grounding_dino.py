@@ -97,6 +97,26 @@ def test_labels_scores_boxes_and_requests(detect):
     assert len(detect.grounding._compiled.signatures) == 1
 
 
+def test_images_padded_to_a_multiple_are_transformers_padded_alike():
+    """pad_to_multiple_of=32: each answer is transformers' for the image padded to its resized
+    size rounded up to 32 (the processor's pad_size); the three sizes share one program."""
+    want = expected("grounding-dino")
+    case = want["padded"]
+    detect = transmuter.pipeline(TASK, REPO, pad_to_multiple_of=case["multiple"])
+    for image, padded in zip(pictures("landscape"), case["images"]):
+        got = detect(image, candidate_labels=want["labels"], threshold=0.0, top_k=case["top_k"])
+        assert_same(got, padded["results"])
+        scores, boxes = detect.grounding.scored(detect.grounding.pixels(image), want["labels"])
+        best = np.argsort(-scores.ravel(), kind="stable")[: case["top_k"]]
+        corners = corners_scaled(boxes, image.shape[1::-1]).reshape(-1, 4)[best]
+        np.testing.assert_allclose(corners, padded["float_boxes"], atol=1e-3)
+    assert len(detect.grounding._compiled.signatures) == 1
+    with pytest.raises(InputError, match="pad_to_multiple_of is Grounding DINO's"):
+        transmuter.pipeline(TASK, REPOS / "owlv2", pad_to_multiple_of=32)
+    with pytest.raises(InputError, match="a multiple of at least 1"):
+        transmuter.pipeline(TASK, REPO, pad_to_multiple_of=0)
+
+
 def test_bad_inputs(detect, tmp_path):
     image = pictures("landscape")[0]
     with pytest.raises(InputError, match="candidate_labels must be a non-empty list"):

@@ -152,21 +152,10 @@ class DetrFamilyModel:
             config["size"] = {"height": height, "width": width}
         return preprocess(image, config)
 
-    def padded_size(self, height: int, width: int) -> tuple[int, int]:
-        """The input size an image resized to (height, width) runs at: the processor's
-        `pad_size` where its config sets one (transformers pads every image to it), else
-        rounded up to `pad_to_multiple_of`, else its own."""
-        fixed = processor_pad_size(self.config, height, width)
-        if fixed:
-            return fixed
-        if self.multiple:
-            return tuple(-(-n // self.multiple) * self.multiple for n in (height, width))
-        return height, width
-
     def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
         """The outputs named in `outputs` for one image's pixels, without the batch dim."""
         height, width = pixels.shape[1:]
-        padded = self.padded_size(height, width)
+        padded = padded_size(self.config, self.multiple, height, width)
         pad = ((0, 0), (0, padded[0] - height), (0, padded[1] - width))
         inputs = {"pixel_values": np.pad(pixels, pad)[None]}
         if self.masked:
@@ -178,18 +167,23 @@ class DetrFamilyModel:
         return {name: np.asarray(found[name], np.float32)[0] for name in self.outputs}
 
 
-def processor_pad_size(config: Mapping[str, Any], height: int, width: int) -> tuple[int, ...]:
-    """The size the image processor pads every image to, where its config sets `pad_size`
-    (and `do_pad`), checked to hold an image resized to (height, width); else ()."""
+def padded_size(
+    config: Mapping[str, Any], multiple: int | None, height: int, width: int
+) -> tuple[int, int]:
+    """The input size an image resized to (height, width) runs at: the processor's `pad_size`
+    where its config sets one (transformers pads every image to it), else rounded up to
+    `multiple` (pad_to_multiple_of), else its own."""
     pad_size = config.get("pad_size")
-    if not (pad_size and config.get("do_pad", True)):
-        return ()
-    if pad_size["height"] < height or pad_size["width"] < width:
-        raise InputError(
-            f"an image resized to {height} x {width} is larger than the processor's "
-            f"pad_size {pad_size['height']} x {pad_size['width']}"
-        )
-    return pad_size["height"], pad_size["width"]
+    if pad_size and config.get("do_pad", True):
+        if pad_size["height"] < height or pad_size["width"] < width:
+            raise InputError(
+                f"an image resized to {height} x {width} is larger than the processor's "
+                f"pad_size {pad_size['height']} x {pad_size['width']}"
+            )
+        return pad_size["height"], pad_size["width"]
+    if multiple:
+        return -(-height // multiple) * multiple, -(-width // multiple) * multiple
+    return height, width
 
 
 class ObjectDetection(DetrFamilyModel):

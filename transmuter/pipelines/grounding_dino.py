@@ -33,7 +33,10 @@ in torch, each query's best logit: left padding to 16 moves it by 5e-7, right pa
 text bucket, so a long label does not widen the others. Images run at their resized size (or
 `pad_size`): padding them, even masked, changes the answer (the Swin backbone sees the padded
 pixels). So a program per (resized height and width, row bucket 1/2/4/... up to `batch_size`,
-text bucket 16/32/...). The image half is not reused: the single graph runs the backbone and
+text bucket 16/32/...). `pad_to_multiple_of=m` pads height and width up to multiples of m
+(pixel_mask 0 there), as object-detection's DETR does: one program per size bucket, and each
+answer is then transformers' for the image padded to that size (its processor's `pad_size`),
+not alone. The image half is not reused: the single graph runs the backbone and
 the encoder's image side for every row, so each label pays for the image again (that needs the
 image encoder exported apart).
 """
@@ -52,7 +55,7 @@ from transmuter.pipelines.detection import (
     _box,
     _detr_size,
     corners_scaled,
-    processor_pad_size,
+    padded_size,
 )
 from transmuter.pipelines.images import _resized, load_image, preprocess
 from transmuter.pipelines.repo import Repo
@@ -69,7 +72,14 @@ class GroundingDino:
     """A Grounding DINO export with its tokenizer and image processor: `detect(image, labels,
     threshold, top_k)` gives transformers' pipeline's detections for one image."""
 
-    def __init__(self, repo: Repo, *, batch_size: int = 4, cache_size: int = 8):
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        batch_size: int = 4,
+        pad_to_multiple_of: int | None = None,
+        cache_size: int = 8,
+    ):
         if batch_size < 1 or cache_size < 1:
             raise InputError(
                 f"batch_size and cache_size must be at least 1; got {batch_size}, {cache_size}"
@@ -84,6 +94,15 @@ class GroundingDino:
                 f"{', '.join(OPTIONAL)}) and reads logits and pred_boxes; the model takes "
                 f"{self.model.inputs} and gives {self.model.outputs}"
             )
+        if pad_to_multiple_of is not None and (
+            pad_to_multiple_of < 1 or "pixel_mask" not in self.model.inputs
+        ):
+            raise InputError(
+                "pad_to_multiple_of needs an export taking pixel_mask (so that the padding is "
+                f"masked) and a multiple of at least 1; got {pad_to_multiple_of} for inputs "
+                f"{self.model.inputs}"
+            )
+        self.multiple = pad_to_multiple_of
         self.tokenizer = repo.require_tokenizer("zero-shot-object-detection")
         if not repo.preprocessor_config:
             raise ModelLoadError(
@@ -152,7 +171,7 @@ class GroundingDino:
 
     def _image_inputs(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
         height, width = pixels.shape[1:]
-        padded = processor_pad_size(self.config, height, width) or (height, width)
+        padded = padded_size(self.config, self.multiple, height, width)
         pad = ((0, 0), (0, padded[0] - height), (0, padded[1] - width))
         mask = np.zeros((1, *padded), np.int64)
         mask[:, :height, :width] = 1

@@ -57,7 +57,8 @@ class ZeroShotObjectDetection:
     with `candidate_labels=`, a list of images sharing them, or {"image", "candidate_labels"}
     dicts. Per image the detections scoring above `threshold` (default 0.1) for any label,
     best first, the `top_k` best where given. `batch_size`: Grounding DINO's labels per forward
-    (OWL-ViT and OWLv2 take every label in one)."""
+    (OWL-ViT and OWLv2 take every label in one); `pad_to_multiple_of`: Grounding DINO's image
+    buckets (grounding_dino.py; OWL resizes every image to one size)."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class ZeroShotObjectDetection:
         threshold: float = 0.1,
         top_k: int | None = None,
         batch_size: int = 4,
+        pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
         if cache_size < 1 or (top_k is not None and top_k < 1):
@@ -79,8 +81,18 @@ class ZeroShotObjectDetection:
             )
         self.grounding = None
         if self.family == "grounding-dino":
-            self.grounding = GroundingDino(repo, batch_size=batch_size, cache_size=cache_size)
+            self.grounding = GroundingDino(
+                repo,
+                batch_size=batch_size,
+                pad_to_multiple_of=pad_to_multiple_of,
+                cache_size=cache_size,
+            )
             return
+        if pad_to_multiple_of is not None:
+            raise InputError(
+                f"pad_to_multiple_of is Grounding DINO's: {self.family} resizes every image to "
+                "one size"
+            )
         self.tokenizer = repo.require_tokenizer("zero-shot-object-detection")
         self.model = repo.model("model")
         if sorted(self.model.inputs) != sorted(INPUTS) or not {"logits", "pred_boxes"} <= set(
