@@ -20,10 +20,12 @@ frames (1.6 s), with the instance norms and convolutions after the durations mad
 the real frames (`pad_durations`). So a program before the graph's data-dependent break per
 token bucket, and one after it per (token bucket, frame bucket): on 50 sentences of random
 lengths about 8 programs, where exact lengths compiled about two per token count (99 for 47
-counts). The cost: the vocoder runs on up to twice the frames (about 1.4x on average). The
-padded frames' samples are cut from what is returned; the convolutions near the end saw
-them, so the last few hundred samples differ from the unpadded graph's. A graph that does not
-mask its tokens as Kokoro's export does is run with a warning and a program per token count.
+counts). The cost: the vocoder runs on up to twice the frames (1.5x over bench_tts_pipeline.py's
+sentences). The padded frames' samples are cut from what is returned; the convolutions near the
+end saw them, so the last few hundred samples differ from the unpadded graph's. A graph that
+does not mask its tokens as Kokoro's export does is run with a warning and a program per token
+count.
+
 `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where the exported
 pattern gives -pi: the audio then matches torch's, which the voices were trained with
 (examples/kokoro_tts.py measures the difference).
