@@ -125,7 +125,7 @@ class SegmentRunner:
             ):
                 break
             Interpreter(self.plan).step(steps[position], env)
-            env[node.outputs[0]] = to_device(env[node.outputs[0]])
+            env[node.outputs[0]] = on_device(env[node.outputs[0]])  # strings stay on the host
             position += 1
         return position
 
