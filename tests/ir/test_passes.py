@@ -509,6 +509,57 @@ def test_layout_leaves_trainable_and_non_constant_kernels():
     assert _ops(transmuter.load(proto, optimize=["layout"])) == ["Conv"]
 
 
+def test_layout_rewrites_loop_bodies_with_kernels_laid_out_outside():
+    """A Loop body's convolutions run channels last; its constant kernel is stored in the main
+    graph as the convolution reads it, and a kernel the main graph computes (here an input) is
+    transposed there, once, before the Loop."""
+
+    def body(kernel):
+        nodes = [
+            helper.make_node("Conv", ["x_in", kernel], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Conv", ["r", kernel], ["x_out"], pads=[1, 1, 1, 1]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ]
+        return helper.make_graph(
+            nodes,
+            "body",
+            [
+                helper.make_tensor_value_info("i", T.INT64, []),
+                helper.make_tensor_value_info("c_in", T.BOOL, []),
+                helper.make_tensor_value_info("x_in", T.FLOAT, None),
+            ],
+            [
+                helper.make_tensor_value_info("c_out", T.BOOL, []),
+                helper.make_tensor_value_info("x_out", T.FLOAT, None),
+            ],
+        )
+
+    x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    w = _weights(4, 4, 3, 3)
+    for kernel, inputs in (("w", {"x": x}), ("k", {"x": x, "k": w})):
+        proto = _model(
+            [helper.make_node("Loop", ["M", "", "x"], ["y"], body=body(kernel))],
+            [(name, list(value.shape)) for name, value in inputs.items()],
+            ["y"],
+            [("w", w), ("M", np.array(3, np.int64))],
+        )
+        optimized = _agree(proto, inputs, ["layout", "dce"], rtol=1e-4, atol=1e-4)
+        graph = optimized.ir.graph
+        (loop,) = [n for n in graph.nodes if n.op_type == "Loop"]
+        inner = [n.op_type for n in loop.attrs["body"].nodes]
+        assert inner.count("NhwcConv") == 2 and "Conv" not in inner
+        # In the body: the activation into and out of the chain, and the kernel's order for
+        # NhwcConv, which the lowering's transpose back cancels.
+        assert inner.count("Transpose") == 3
+        if kernel == "w":
+            assert graph.initializers["w__spatial_first"].shape == (3, 3, 4, 4)
+        else:
+            assert [n.attrs["perm"] for n in graph.nodes if n.op_type == "Transpose"] == [
+                (2, 3, 1, 0)
+            ]
+
+
 # ---- layers: repeated blocks as one Scan -----------------------------------------------------
 
 LAYERS = ["fold", "cse", "layers", "dce"]

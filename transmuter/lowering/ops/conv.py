@@ -1,7 +1,12 @@
 """Convolutions: Conv and ConvTranspose, both on `lax.conv_general_dilated`.
 
-Layouts are ONNX's own (NCHW..., weights OIHW... for Conv, IOHW... for ConvTranspose); XLA picks
-the physical layout. Half-precision inputs accumulate in float32 and are cast back.
+The operators take ONNX's layouts (NCHW..., weights OIHW... for Conv, IOHW... for ConvTranspose), but
+every convolution reaches XLA channels last (NHWC activations, HWIO kernels): XLA:CPU rewrites
+other layouts into that one only at a program's top level, so inside a loop body (an ONNX
+Loop/Scan, a diffusion loop) anything else falls back to its unoptimized convolution, ~100x
+slower (runtime/loop_convolutions.py checks compiled programs for it). The transposes around a
+top-level convolution are the ones XLA would insert itself. Half-precision inputs accumulate in
+float32 and are cast back.
 CausalConvWithState (the depthwise causal conv with a carried state of Mamba and Gated DeltaNet)
 is a sum of shifted products instead.
 """
@@ -66,8 +71,8 @@ def convolve(
     strides,
 ):
     """Conv's arithmetic on X (N, C, D1, ...) and W (M, C/group, k1, ...), or with channels last
-    on X (N, D1, ..., C) and W (M, k1, ..., C/group) (com.microsoft NhwcConv): XLA:CPU runs
-    convolutions channels last, so that layout reaches it without transposes."""
+    on X (N, D1, ..., C) and W (M, k1, ..., C/group) (com.microsoft NhwcConv). Either way XLA
+    gets NHWC activations and an HWIO kernel."""
     x, w = jnp.asarray(x), jnp.asarray(w)
     rank = x.ndim - 2
     if rank < 1 or w.ndim != x.ndim:
@@ -99,26 +104,52 @@ def convolve(
             pad_pairs = ((0, 0),) * rank
         y = _depthwise(x, w, strides, dilations, pad_pairs, channel, spatial)
         return _add_bias(y, b, x.dtype, channel)
+    if not channels_last:
+        # To channels last and (M, k1, ..., C/group): the NhwcConv path below, then back. For a
+        # constant kernel the layout pass stores it laid out already.
+        last = (0, *range(2, x.ndim), 1)
+        y = convolve(
+            op_type,
+            jnp.transpose(x, last),
+            jnp.transpose(w, last),
+            b,
+            True,
+            auto_pad,
+            dilations,
+            group,
+            kernel_shape,
+            pads,
+            strides,
+        )
+        return jnp.transpose(y, (0, x.ndim - 1, *range(1, x.ndim - 1)))
     pointwise = all(k == 1 for k in kernel) and (
         auto_pad != "NOTSET" or not any(sum(pad_pairs, ()))
     )
-    if channels_last and group == 1 and pointwise:
+    if group == 1 and pointwise:
         return _add_bias(_pointwise(x, w, strides), b, x.dtype, channel)
     padding = {"SAME_UPPER": "SAME", "SAME_LOWER": "SAME_LOWER", "VALID": "VALID"}.get(
         auto_pad, pad_pairs
     )
-    spec = (0, channel, *spatial)  # the same positions in X, W and Y
+    # W (M, k1, ..., C/group) read as (k1, ..., C/group, M): the layout pass stores a constant
+    # kernel in that order behind a Transpose to NhwcConv's, so this transpose and that one
+    # cancel and the convolution reads the stored array, in a loop body too.
     y = lax.conv_general_dilated(
         x,
-        w.astype(x.dtype),
+        jnp.moveaxis(w, 0, -1).astype(x.dtype),
         window_strides=strides,
         padding=padding,
         rhs_dilation=dilations,
-        dimension_numbers=lax.ConvDimensionNumbers(spec, spec, spec),
+        dimension_numbers=_channels_last(rank),
         feature_group_count=group,
         preferred_element_type=accumulation_dtype(x.dtype),
     )
     return _add_bias(y, b, x.dtype, channel)
+
+
+def _channels_last(rank: int) -> lax.ConvDimensionNumbers:
+    """NHWC activations and HWIO kernels, for `rank` spatial dims."""
+    activations = (0, rank + 1, *range(1, rank + 1))
+    return lax.ConvDimensionNumbers(activations, (rank + 1, rank, *range(rank)), activations)
 
 
 def _pointwise(x, w, strides):
@@ -258,17 +289,20 @@ def conv_transpose(
         ((k - 1) * d - lo, (k - 1) * d - hi + p)
         for k, d, (lo, hi), p in zip(kernel, dilations, pad_pairs, out_pad, strict=True)
     )
+    # Channels last with an HWIO kernel, as every convolution here (see the module docstring).
     y = lax.conv_general_dilated(
-        x,
-        rhs,
+        jnp.transpose(x, (0, *range(2, x.ndim), 1)),
+        jnp.transpose(rhs, (*range(2, x.ndim), 1, 0)),
         window_strides=(1,) * rank,
         padding=padding,
         lhs_dilation=strides,
         rhs_dilation=dilations,
+        dimension_numbers=_channels_last(rank),
         feature_group_count=group,
         preferred_element_type=accumulation_dtype(x.dtype),
     )
-    return _add_bias(y, b, x.dtype)
+    y = _add_bias(y, b, x.dtype, x.ndim - 1)
+    return jnp.transpose(y, (0, x.ndim - 1, *range(1, x.ndim - 1)))
 
 
 _ACTIVATIONS = ("none", "silu", "swish")
