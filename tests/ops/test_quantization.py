@@ -8,11 +8,14 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from jax import lax
+from onnx import TensorProto, helper
 from opcheck import (
     assert_close,
     check_node,
+    make_model,
     make_node_model,
     ort_may_saturate,
     ort_run,
@@ -821,3 +824,37 @@ def test_qlinear_conv_per_channel_is_bit_exact(rng):
     assert not ort_may_saturate(inputs["x"], inputs["w"])
     held = ("x_scale", "x_zero", "w_scale", "w_zero", "y_scale", "y_zero")
     _assert_bit_exact(make_node_model("QLinearConv", inputs, opset=10, constants=held), inputs)
+
+
+def test_dynamic_bias_quantization_is_bit_exact(rng):
+    # ORT's quantize_dynamic turns a Conv's float bias into int32 at run time: the activation's
+    # dynamic scale times the weight's, the bias divided by that and floored. XLA multiplied by
+    # the reciprocal of the broadcast product, one ulp off on ~22% of the quotients; where a
+    # quotient is within an ulp of an integer, Floor then moves the bias by one step (Kokoro-82M
+    # int8: encoder.text_encoder.cnn.2.0.bias_quant_rounded).
+    x = rng.standard_normal((1, 64, 50)).astype(np.float32) * 3
+    w_scale = np.float32(0.00731)
+    bias = rng.standard_normal(4096).astype(np.float32) * 20
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["bias_scale"]),
+        helper.make_node("Div", ["bias", "bias_scale"], ["quotient"]),
+        helper.make_node("Floor", ["quotient"], ["rounded"]),
+        helper.make_node("Cast", ["rounded"], ["bias_int"], to=TensorProto.INT32),
+    ]
+    model = make_model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [
+            helper.make_tensor_value_info("quotient", TensorProto.FLOAT, bias.shape),
+            helper.make_tensor_value_info("bias_int", TensorProto.INT32, bias.shape),
+        ],
+        [
+            onnx.numpy_helper.from_array(bias, "bias"),
+            onnx.numpy_helper.from_array(w_scale, "w_scale"),
+        ],
+        opset=13,
+    )
+    scale = (x.max() - min(x.min(), 0)) / np.float32(255) * w_scale
+    assert (bias / scale != bias * (np.float32(1) / scale)).any()  # where a reciprocal misleads
+    _assert_bit_exact(model, {"x": x})

@@ -217,6 +217,27 @@ def broadcast_unidirectional(value, shape, what: str):
         ) from None
 
 
+def divide(x, y, dtype):
+    """x / y rounded once to the float type `dtype`, as an IEEE division in `dtype` gives it
+    (ONNX Runtime's Div and its quantizers' divisions), whatever broadcasts.
+
+    XLA's algebraic simplifier turns a division by a broadcast value into a multiplication by
+    its reciprocal, eagerly and jitted: float32 [512] / a scalar is one ulp off on ~22% of the
+    elements, and a quotient such as 127.49999 lands on the tie 127.5. Dividing in float64 keeps
+    the error (even through a reciprocal) far below half an ulp of float32, and a quotient of
+    two floats is never a tie, so the rounding to `dtype` is exact (x64 is on while Transmuter
+    traces). float64 has no wider type: there the divisor is broadcast to the full shape behind
+    an optimization barrier, which the simplifier does not see through (a copy of it: slower)."""
+    wide = np.dtype(np.float64)
+    x, y = jnp.asarray(x).astype(wide), jnp.asarray(y).astype(wide)
+    if np.dtype(dtype) != wide:
+        return (x / y).astype(dtype)
+    shape = jnp.broadcast_shapes(x.shape, y.shape)
+    if y.shape != shape:
+        y = jax.lax.optimization_barrier(jnp.broadcast_to(y, shape))
+    return x / y
+
+
 def widened(x):
     """x in its accumulation type (float32 for half precision), to compute a chain in."""
     x = jnp.asarray(x)

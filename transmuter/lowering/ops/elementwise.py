@@ -26,6 +26,7 @@ from transmuter.lowering import op, variant
 from transmuter.lowering.shared import (
     array_module,
     broadcast_unidirectional,
+    divide,
     on_host,
     snake_case,
 )
@@ -156,7 +157,12 @@ def _divide(A, B):
             quotient = np.abs(A) // np.maximum(np.abs(B), 1)  # x / 0 is undefined in ONNX
             return np.where((A < 0) != (B < 0), -quotient, quotient).astype(A.dtype)
         return lax.div(*jnp.broadcast_arrays(A, B))
-    return np.divide(A, B) if on_host(A, B) else jnp.divide(A, B)
+    if on_host(A, B):
+        return np.divide(A, B)
+    # XLA multiplies by the reciprocal of a divisor it broadcasts, one ulp off where ORT divides.
+    if jnp.shape(B) != jnp.broadcast_shapes(jnp.shape(A), jnp.shape(B)):
+        return divide(A, B, jnp.result_type(A, B))
+    return jnp.divide(A, B)
 
 
 def _equal(A, B):

@@ -19,6 +19,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import ShapeError
 from transmuter.lowering import op, variant
+from transmuter.lowering.shared import divide as shared_divide
 from transmuter.lowering.shared import normalize_axis, same_pads, spatial_attrs
 
 # Integer quantized types -> (lowest, highest) value, for saturation.
@@ -119,14 +120,10 @@ def _to_float(value, dtype=_F32):
 
 
 def divide(x, scale, dtype: np.dtype):
-    """x / scale rounded once to `dtype`, as an IEEE division in `dtype` gives it.
-
-    XLA rewrites a division by a broadcast value into a multiplication by its reciprocal, which
-    can land a quotient such as 127.49999 on the tie 127.5. Dividing in float64 keeps the error
-    far below half an ulp of float32, so the rounding to `dtype` is exact (x64 is on while
-    Transmuter traces)."""
+    """x / scale rounded once to `dtype`, as an IEEE division in `dtype` gives it (XLA would
+    multiply by the reciprocal: `shared.divide`); float8e8m0 values widen through float32."""
     wide = np.dtype(np.float64)
-    return (_to_float(x, wide) / _to_float(scale, wide)).astype(dtype)
+    return shared_divide(_to_float(x, wide), _to_float(scale, wide), dtype)
 
 
 def _saturate_cast(value, target: np.dtype, saturate: int):
