@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 import transmuter
-from transmuter.pipelines.seq2seq import DECODINGS
+from transmuter.pipelines.generation.seq2seq import DECODINGS
 
 REPOS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pipelines"
 MODELS = {"gpt2": "decoder_model_merged.onnx", "llama": "model.onnx"}
@@ -72,7 +72,7 @@ def ort_generate(session, rows: list[list[int]], tokens: int, pad: int, on_token
 def seq2seq(tokens: int, batches: list[int]) -> None:
     """The encoder-decoder repos, each decoding: `tokens` new tokens per row (no end of
     sequence before)."""
-    from transmuter.pipelines.audio import log_mel
+    from transmuter.pipelines.audio.features import log_mel
 
     print("\nencoder-decoder, Transmuter alone")
     print("model    decoding batch tokens  cold s  warm tok/s  programs")

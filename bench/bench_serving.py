@@ -42,8 +42,8 @@ import onnxruntime as ort
 
 import transmuter
 from transmuter import cpu
-from transmuter.pipelines.continuous import ContinuousGeneration
-from transmuter.pipelines.generation import MIN_PROMPT_BUCKET, _pow2
+from transmuter.pipelines.generation.continuous import ContinuousGeneration
+from transmuter.pipelines.generation.decoder import MIN_PROMPT_BUCKET, _pow2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generate import ort_generate  # noqa: E402

@@ -4,7 +4,7 @@ UNet driven step by step from Python (as diffusers and ONNX Runtime pipelines dr
 Run: .venv/bin/python bench/bench_text_to_image.py [--steps 20] [--repeats 5]
 (the tiny random-weight repo of tests/fixtures/make_diffusion.py, 32 x 32, one image, guided).
 Both sides run the same pieces: the text encoder, the UNet on a batch of two with
-classifier-free guidance, transmuter.pipelines.schedulers' Euler update, the VAE decoder. The
+classifier-free guidance, transmuter.pipelines.diffusion.schedulers' Euler update, the VAE decoder. The
 loop side is the pipeline itself; the stepped side jits the text encoder, one step, and the
 decoder separately and calls the step `steps` times from Python, reading nothing back until the
 end. Prints first-call (compile) seconds, steady seconds per image, and programs compiled.
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import transmuter
-from transmuter.pipelines.text_to_image import load_diffusion_repo
+from transmuter.pipelines.diffusion.text_to_image import load_diffusion_repo
 
 REPO = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pipelines" / "tiny-sd"
 PROMPT = "a photo of a red cube"

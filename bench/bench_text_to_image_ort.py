@@ -33,8 +33,11 @@ every other round. Printed per engine: load and first-image seconds, the seconds
 image spent tracing, lowering and compiling (JAX's monitoring events), the median seconds per
 image and its ratio to ORT's, programs compiled, and the largest absolute pixel difference to
 ORT's image (floats in [0, 1]); then the load average before and after and each process's peak
-resident memory. The ORT worker times itself, without the pipe and .npy round trip. `--json
-PATH` saves every timing.
+resident memory. `--sequential` runs all of ORT's images first and ends its process before
+Transmuter's (no interleaving; for sizes where both processes do not fit in memory together).
+Under `--stepped` its first image's compiling overlaps the steps already dispatched (JAX runs
+them asynchronously), so that figure is not compile time alone. The ORT worker times itself,
+without the pipe and .npy round trip. `--json PATH` saves every timing.
 """
 
 from __future__ import annotations
@@ -182,9 +185,10 @@ class OrtClient:
         return self.last_seconds
 
     def close(self) -> None:
-        self.process.stdin.write("quit\n")
-        self.process.stdin.close()
-        self.process.wait()
+        if self.process.poll() is None:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+            self.process.wait()
 
 
 def progress(line: str) -> None:
@@ -206,6 +210,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="default 5, 2 for sd15")
     parser.add_argument(
         "--stepped", action="store_true", help="also time a jitted step called from Python"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="ORT's images first, its process ended, then Transmuter's (when memory is short)",
     )
     parser.add_argument("--ort-python", default="/tmp/torchenv/bin/python")
     parser.add_argument("--json", type=Path, default=None)
@@ -279,27 +288,30 @@ def main() -> None:
         return image, ort_clock.get(engine, lambda: seconds)()
 
     images, firsts, compile_s = {}, {}, {}
-    for engine in engines:
-        if engine == "ORT":
-            loads["ORT"] = ort.ask("load")
-        before = compiling[0]
-        images[engine], firsts[engine] = timed(engine)
-        compile_s[engine] = compiling[0] - before
-        progress(
-            f"{engine}: load {loads[engine]:.2f} s, first image {firsts[engine]:.2f} s "
-            f"({compile_s[engine]:.1f} s compiling)"
-        )
     times: dict[str, list[float]] = {engine: [] for engine in engines}
-    order = list(engines)
-    for round_ in range(repeats):
-        for engine in order if round_ % 2 == 0 else order[::-1]:
-            image, seconds = timed(engine)
-            times[engine].append(seconds)
-            progress(f"round {round_ + 1}: {engine} {seconds:.3f} s")
-            difference = float(np.abs(image - images[engine]).max())
-            if difference:
-                progress(f"{engine} changed its image by {difference:.1e} between calls")
-    ort.close()
+    others = [engine for engine in engines if engine != "ORT"]
+    phases = [["ORT"], others] if args.sequential else [list(engines)]
+    for order in phases:
+        for engine in order:
+            if engine == "ORT":
+                loads["ORT"] = ort.ask("load")
+            before = compiling[0]
+            images[engine], firsts[engine] = timed(engine)
+            compile_s[engine] = compiling[0] - before
+            progress(
+                f"{engine}: load {loads[engine]:.2f} s, first image {firsts[engine]:.2f} s "
+                f"({compile_s[engine]:.1f} s compiling)"
+            )
+        for round_ in range(repeats):
+            for engine in order if round_ % 2 == 0 else order[::-1]:
+                image, seconds = timed(engine)
+                times[engine].append(seconds)
+                progress(f"round {round_ + 1}: {engine} {seconds:.3f} s")
+                difference = float(np.abs(image - images[engine]).max())
+                if difference:
+                    progress(f"{engine} changed its image by {difference:.1e} between calls")
+        if "ORT" in order:
+            ort.close()  # its memory back before the next phase
     scratch.cleanup()
     load_after = os.getloadavg()
 

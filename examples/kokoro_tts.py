@@ -42,7 +42,7 @@ from transmuter.frontend.graph_edits import (  # noqa: F401  (GraphEditError: fo
     fix_atan2_quadrant,
     pad_durations,
 )
-from transmuter.pipelines.text_to_speech import write_wav
+from transmuter.pipelines.audio.text_to_speech import write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "fixtures" / "tts_standin.onnx"

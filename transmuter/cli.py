@@ -22,7 +22,8 @@ import numpy as np
 import transmuter
 from transmuter import checking, cpu, ir
 from transmuter.errors import TransmuterError
-from transmuter.pipelines.seq2seq import DECODINGS
+from transmuter.pipelines.generation.seq2seq import DECODINGS
+from transmuter.pipelines.registry import TASKS
 
 HINTS = {
     "UnsupportedOpError": "see `transmuter info MODEL` for every unsupported operator",
@@ -128,9 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("repo", help="a model repository: a folder or hf://org/repo[@revision]")
     serve.add_argument(
-        "--task", required=True,
-        help="feature-extraction, text-classification, text-generation or "
-        "automatic-speech-recognition",
+        "--task", required=True, metavar="TASK",
+        help="; ".join(f"{name}: {task.summary}" for name, task in TASKS.items()),
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -15,7 +15,7 @@ from conftest import REPOS
 
 import transmuter
 from transmuter.errors import InputError, Overloaded, ServingClosed
-from transmuter.pipelines.continuous import ContinuousGeneration, choose_rows
+from transmuter.pipelines.generation.continuous import ContinuousGeneration, choose_rows
 
 PROMPTS = ["Once upon a time", "Hello", "The quick brown fox jumps", "a",
            "One two three four five six seven eight nine ten eleven twelve"]  # fmt: skip

@@ -14,7 +14,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import padded_size
+from transmuter.pipelines.vision.detection import padded_size
 
 sys.path.insert(0, str(REPOS.parent))
 from detection_images import images  # noqa: E402  (the images the fixture was recorded on)

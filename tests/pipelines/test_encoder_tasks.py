@@ -75,11 +75,29 @@ def test_text_classification_labels_and_scores(ranked):
     got = classify(want["texts"])
     assert [g["label"] for g in got] == want["labels"]
     np.testing.assert_allclose([g["score"] for g in got], np.max(want["scores"], 1), atol=1e-5)
-    every = ranked(want["texts"][0])
+    # transformers answers one string called without top_k with a list of its result.
+    [every] = ranked(want["texts"][0])
     assert [r["label"] for r in every][0] == want["labels"][0]
     np.testing.assert_allclose(
         sorted(r["score"] for r in every), sorted(want["scores"][0]), atol=1e-5
     )
+
+
+def test_result_shapes_follow_transformers(ranked):
+    """transformers' text-classification: a string gives a list of its best dict, a pair
+    the dict itself, a list a dict per item; an explicit top_k gives lists, unwrapped."""
+    classify = transmuter.pipeline("text-classification", REPOS / "bert-sst")
+    pair = {"text": "a question", "text_pair": "an answer"}
+    [best] = classify("a text")
+    assert set(best) == {"label", "score"}
+    assert set(classify(pair)) == {"label", "score"}
+    assert [set(r) for r in classify(["a", pair])] == [{"label", "score"}] * 2
+    top = classify("a text", top_k=2)
+    assert len(top) == 2 and top[0]["score"] >= top[1]["score"]
+    assert [len(r) for r in classify(["a", "b"], top_k=1)] == [1, 1]
+    assert list(classify(iter(["a", "b", "c"]))) == classify(["a", "b", "c"])
+    with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
+        classify("a text", top_k=0)
 
 
 def test_text_pairs_and_functions_to_apply(ranked):
@@ -115,8 +133,10 @@ def test_token_classification_entities():
 
 def test_bad_inputs_are_clear_errors():
     embed = transmuter.pipeline("feature-extraction", REPOS / "bert", pooling="mean")
-    with pytest.raises(InputError, match="a string or a non-empty list"):
+    with pytest.raises(InputError, match="got an empty list"):
         embed([])
+    with pytest.raises(InputError, match="give a text, a list of texts or a generator"):
+        embed(3)
     with pytest.raises(InputError, match="must be strings"):
         embed(["fine", 3])
     with pytest.raises(InputError, match="must be strings; got"):

@@ -16,9 +16,9 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError
-from transmuter.pipelines.florence2 import Florence2Captioner, construct_prompt
-from transmuter.pipelines.images import preprocess
-from transmuter.pipelines.seq2seq import _no_repeat
+from transmuter.pipelines.generation.seq2seq import _no_repeat
+from transmuter.pipelines.vision.florence2 import Florence2Captioner, construct_prompt
+from transmuter.pipelines.vision.processors import preprocess
 
 pytest.importorskip("PIL.Image")
 

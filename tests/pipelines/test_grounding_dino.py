@@ -13,7 +13,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import corners_scaled
+from transmuter.pipelines.vision.detection import corners_scaled
 
 pytest.importorskip("PIL.Image")
 

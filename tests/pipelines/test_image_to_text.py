@@ -8,7 +8,7 @@ from conftest import REPOS, expected
 
 import transmuter
 from transmuter.errors import InputError
-from transmuter.pipelines.images import preprocess
+from transmuter.pipelines.vision.processors import preprocess
 
 pytest.importorskip("PIL.Image")
 

@@ -21,7 +21,7 @@ from transmuter.frontend.graph_edits import (
     pad_durations,
     take_token_count,
 )
-from transmuter.pipelines.text_to_speech import FRAME_BUCKETS
+from transmuter.pipelines.audio.text_to_speech import FRAME_BUCKETS
 
 REPO = Path(__file__).resolve().parents[1] / "fixtures" / "pipelines" / "kokoro"
 MODEL = REPO / "onnx" / "model.onnx"

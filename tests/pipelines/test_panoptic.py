@@ -13,7 +13,7 @@ from conftest import REPOS, expected
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines import segmentation
+from transmuter.pipelines.vision import segmentation
 
 sys.path.insert(0, str(REPOS.parent))
 from detection_images import images  # noqa: E402  (the images the fixture was recorded on)

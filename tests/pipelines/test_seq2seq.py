@@ -18,7 +18,7 @@ from fixtures.waveforms import waveforms
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.audio import log_mel
+from transmuter.pipelines.audio.features import log_mel
 
 
 @pytest.fixture(scope="module")

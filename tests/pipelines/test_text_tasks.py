@@ -127,10 +127,12 @@ def test_zero_shot_single_and_multi_label(zero_shot):
 
 
 def test_zero_shot_bad_inputs(zero_shot):
-    with pytest.raises(InputError, match="candidate_labels must be a non-empty list"):
+    with pytest.raises(InputError, match="needs candidate_labels"):
         zero_shot("Hello world!")
-    with pytest.raises(InputError, match="candidate_labels must be a non-empty list"):
+    with pytest.raises(InputError, match="candidate_labels is empty"):
         zero_shot("Hello world!", " , ")
+    with pytest.raises(InputError, match="candidate_labels must be a string or a list"):
+        zero_shot("Hello world!", [1, 2])
     with pytest.raises(InputError, match="hypothesis_template must be a string with a"):
         zero_shot("Hello world!", ["a"], hypothesis_template="No slot.")
     with pytest.raises(ModelLoadError, match='labels a class "entailment"'):

@@ -21,7 +21,7 @@ from PIL import Image
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.text_to_image import load_diffusion_repo
+from transmuter.pipelines.diffusion.text_to_image import load_diffusion_repo
 
 REPO = REPOS / "tiny-sd"
 CASES = {case["name"]: case for case in json.loads((REPO / "expected.json").read_text())["cases"]}

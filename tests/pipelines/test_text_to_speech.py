@@ -20,7 +20,7 @@ from opcheck import ort_run
 import transmuter
 from transmuter.errors import InputError
 from transmuter.frontend.graph_edits import fix_atan2_quadrant
-from transmuter.pipelines.text_to_speech import write_wav
+from transmuter.pipelines.audio.text_to_speech import write_wav
 
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "tts_standin.onnx"
 PHONEMES = "$abcdefghijklmnopqrstuvwxyzəɪʊŋɜɹðʌɛʃɑɔʒɡ .,!?;"  # "$" is Kokoro's 0

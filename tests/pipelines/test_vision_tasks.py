@@ -11,7 +11,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.image_tasks import resize_maps
+from transmuter.pipelines.vision.image_tasks import resize_maps
 
 Image = pytest.importorskip("PIL.Image")
 

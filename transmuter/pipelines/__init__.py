@@ -1,7 +1,8 @@
 """Pipelines: whole Hugging Face repositories as tasks, on top of Transmuter's public API.
 
 `load_repo(source)` reads a repository's configs, tokenizer and ONNX files; `pipeline(task,
-repo_or_source, **options)` returns a callable for the task (TASKS lists them).
+repo_or_source, **options)` returns a callable for the task (registry.py's TASKS lists
+them).
 """
 
 from __future__ import annotations
@@ -12,59 +13,8 @@ from typing import Any
 
 import transmuter
 from transmuter.errors import InputError
-from transmuter.pipelines.audio_classification import AudioClassification
-from transmuter.pipelines.depth import DepthEstimation
-from transmuter.pipelines.detection import ObjectDetection
-from transmuter.pipelines.encoders import FeatureExtraction, TextClassification, TokenClassification
-from transmuter.pipelines.fill_mask import FillMask
-from transmuter.pipelines.florence2 import Florence2
-from transmuter.pipelines.image_features import ImageFeatureExtraction
-from transmuter.pipelines.image_to_text import image_to_text
-from transmuter.pipelines.images import ImageClassification
-from transmuter.pipelines.mask_generation import MaskGeneration
-from transmuter.pipelines.question_answering import QuestionAnswering
+from transmuter.pipelines.registry import TASKS, entry
 from transmuter.pipelines.repo import Repo, load_repo
-from transmuter.pipelines.segmentation import ImageSegmentation
-from transmuter.pipelines.speech_recognition import AutomaticSpeechRecognition
-from transmuter.pipelines.text2text_generation import (
-    Summarization,
-    Text2TextGeneration,
-    Translation,
-)
-from transmuter.pipelines.text_generation import TextGeneration
-from transmuter.pipelines.text_to_image import TextToImage
-from transmuter.pipelines.text_to_speech import TextToSpeech
-from transmuter.pipelines.zero_shot_classification import ZeroShotClassification
-from transmuter.pipelines.zero_shot_detection import ZeroShotObjectDetection
-from transmuter.pipelines.zero_shot_image import ZeroShotImageClassification
-
-TASKS = {
-    "feature-extraction": FeatureExtraction,
-    "text-classification": TextClassification,
-    "token-classification": TokenClassification,
-    "text-generation": TextGeneration,
-    "text2text-generation": Text2TextGeneration,
-    "automatic-speech-recognition": AutomaticSpeechRecognition,
-    "image-classification": ImageClassification,
-    "image-text-to-text": Florence2,
-    "audio-classification": AudioClassification,
-    "image-to-text": image_to_text,
-    "mask-generation": MaskGeneration,
-    "zero-shot-image-classification": ZeroShotImageClassification,
-    "image-feature-extraction": ImageFeatureExtraction,
-    "depth-estimation": DepthEstimation,
-    "image-segmentation": ImageSegmentation,
-    "object-detection": ObjectDetection,
-    "zero-shot-object-detection": ZeroShotObjectDetection,
-    "fill-mask": FillMask,
-    "question-answering": QuestionAnswering,
-    "zero-shot-classification": ZeroShotClassification,
-    "summarization": Summarization,
-    "translation": Translation,
-    "text-to-image": TextToImage,
-    "text-to-speech": TextToSpeech,
-    "text-to-audio": TextToSpeech,
-}
 
 __all__ = ["TASKS", "Repo", "load_repo", "pipeline"]
 
@@ -92,16 +42,14 @@ def pipeline(
     if task.startswith("translation_"):
         # transformers' translation_xx_to_yy names: the translation task, told its languages.
         task, options = "translation", {**options, "task": task}
-    if task not in TASKS:
-        raise InputError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
+    factory = entry(task).factory()
     if not isinstance(repo, Repo):
         # A task whose repos have another layout (diffusers' subfolders) reads them itself.
-        repo = getattr(TASKS[task], "load_repo", load_repo)(repo, dtype=dtype)
+        repo = getattr(factory, "load_repo", load_repo)(repo, dtype=dtype)
     elif dtype is not None:
         raise InputError("dtype chooses files when loading: give a source, not a loaded Repo")
     if mesh is not None:
         repo.shard(mesh, model_axis)
-    factory = TASKS[task]
     accepted = _options(factory)
     unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
     if unknown:

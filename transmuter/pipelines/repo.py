@@ -46,6 +46,12 @@ ROLES = {
     "prompt_encoder_mask_decoder": "prompt_encoder_mask_decoder",
     "embed_tokens": "embed_tokens",
 }
+# Model types whose position ids start past the padding id (RobertaEmbeddings' padding_idx),
+# so that max_position_embeddings counts positions no token can take.
+POSITION_OFFSET_TYPES = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer",
+     "mpnet", "ibert", "luke", "markuplm"}
+)  # fmt: skip
 # transformers.js's dtype names and the suffix of their files.
 DTYPES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "q4": "_q4", "q4f16": "_q4f16"}
 FOLDERS = ("", "onnx/")
@@ -93,11 +99,28 @@ class Repo:
         return self._models[role]
 
     def require_tokenizer(self, task: str) -> Any:
+        """A copy of the repository's tokenizer for one task: a task sets its own truncation
+        (a window length, a template's room), which another task on the same repo must not
+        see."""
         if self.tokenizer is None:
             raise ModelLoadError(
                 f"{task} needs {TOKENIZER}, and {self.source} has none; found {self.found}"
             )
-        return self.tokenizer
+        return type(self.tokenizer).from_str(self.tokenizer.to_str())
+
+    def max_length(self) -> int | None:
+        """The most tokens the model reads, as transformers' tokenizers cut: the tokenizer's
+        `model_max_length` where set, within the position table less the positions that
+        RoBERTa-style models keep for padding (their position ids start at pad_token_id + 1:
+        514 positions read 512 tokens). None where neither file says."""
+        positions = self.config.get("max_position_embeddings")
+        if isinstance(positions, int) and self.config.get("model_type") in POSITION_OFFSET_TYPES:
+            positions -= int(self.config.get("pad_token_id") or 0) + 1
+        given = self.tokenizer_config.get("model_max_length")
+        # transformers writes a huge sentinel (int(1e30)) where a tokenizer sets no limit.
+        given = given if isinstance(given, int) and given < 1_000_000 else None
+        limits = [n for n in (positions, given) if isinstance(n, int) and n > 0]
+        return min(limits) if limits else None
 
 
 def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
@@ -133,13 +156,13 @@ def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
         )
     return Repo(
         source=name,
-        config=_json(local.get("config.json")),
-        generation_config=_json(local.get("generation_config.json")),
-        preprocessor_config=_json(local.get("preprocessor_config.json")),
+        config=json_file(local.get("config.json")),
+        generation_config=json_file(local.get("generation_config.json")),
+        preprocessor_config=json_file(local.get("preprocessor_config.json")),
         onnx=onnx,
-        tokenizer_config=_json(local.get("tokenizer_config.json")),
-        modules=_json(local.get("modules.json"), list),
-        pooling=_json(local.get("1_Pooling/config.json")),
+        tokenizer_config=json_file(local.get("tokenizer_config.json")),
+        modules=json_file(local.get("modules.json"), list),
+        pooling=json_file(local.get("1_Pooling/config.json")),
         tokenizer=_tokenizer(local.get(TOKENIZER)),
         found=found,
     )
@@ -182,7 +205,7 @@ def _hub_repo(source: str) -> tuple[str, str | None]:
     return file.repo, file.revision
 
 
-def _json(path: Path | None, kind: type = dict) -> Any:
+def json_file(path: Path | None, kind: type = dict) -> Any:
     """The JSON file at `path` holding a `kind` (an object; modules.json holds a list)."""
     if path is None:
         return kind()
@@ -226,4 +249,4 @@ def read_json(repo: Repo, path: str) -> dict[str, Any]:
         local = hub.fetch_present(name, [path], revision).get(path)
     else:
         local = Path(repo.source, path)
-    return _json(local if local is not None and local.is_file() else None)
+    return json_file(local if local is not None and local.is_file() else None)

@@ -62,7 +62,10 @@ class Serving:
         self.max_queue = max_queue
         self.ready = False  # set by warmup()
         self._item_key = getattr(pipeline, "batch_key", None)
-        self._single = getattr(pipeline, "single", None) or (lambda rows: rows[0])
+        # A task (pipelines/base.py) answers a list of items with a result per item, and says
+        # what one item alone gets; a plain function is called on the list.
+        self._run_items = getattr(pipeline, "run_items", pipeline)
+        self._single = getattr(pipeline, "single", None) or (lambda result, item, options: result)
         self._lock = threading.Condition(threading.RLock())
         self._waiting: dict[Hashable, deque[_Request]] = {}
         self._queued = 0
@@ -181,7 +184,7 @@ class Serving:
         items = [item for r in live for item in r.items]
         start = time.monotonic()
         try:
-            rows, failed = self.pipeline(items, **live[0].options), None
+            rows, failed = self._run_items(items, **live[0].options), None
         except Exception as error:
             rows, failed = None, error
         if telemetry.listening("transmuter.serving.batch"):
@@ -202,15 +205,20 @@ class Serving:
         for request in live:
             mine = rows[at : at + len(request.items)]
             at += len(request.items)
-            request.future.set_result(self._single(mine) if request.single else mine)
+            request.future.set_result(self._answer(request, mine))
 
     def _run_alone(self, request: _Request) -> None:
         try:
-            rows = self.pipeline(request.items, **request.options)
+            rows = self._run_items(request.items, **request.options)
         except Exception as error:
             request.future.set_exception(error)
         else:
-            request.future.set_result(self._single(rows) if request.single else rows)
+            request.future.set_result(self._answer(request, rows))
+
+    def _answer(self, request: _Request, rows: list) -> Any:
+        if not request.single:
+            return rows
+        return self._single(rows[0], request.items[0], request.options)
 
 
 def _items(inputs: Any) -> tuple[list, bool]:

@@ -32,8 +32,8 @@ from starlette.routing import Route
 from transmuter import telemetry
 from transmuter.errors import InputError, Overloaded, ServingClosed
 from transmuter.pipelines import Repo, pipeline
-from transmuter.pipelines.continuous import ContinuousGeneration
-from transmuter.pipelines.encoders import sentence_embedding
+from transmuter.pipelines.generation.continuous import ContinuousGeneration
+from transmuter.pipelines.text.encoders import sentence_embedding
 from transmuter.serving.api import ApiError, flag, json_body
 from transmuter.serving.audio import transcriptions
 from transmuter.serving.batching import Serving

@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import Encoder, _as_list
+from transmuter.pipelines.base import Task
+from transmuter.pipelines.base import candidate_labels as candidate_labels_option
+from transmuter.pipelines.base import hypothesis_template as hypothesis_template_option
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.text.encoders import Encoder
 
 
-class ZeroShotClassification:
+class ZeroShotClassification(Task):
     """Sequence(s) and `candidate_labels` (a list, or a comma-separated string) ->
     {"sequence", "labels", "scores"} per sequence, the labels sorted by score, highest first.
     Without `multi_label`, a softmax of the labels' entailment logits (scores add up to 1);
@@ -38,54 +41,73 @@ class ZeroShotClassification:
         batch_size: int = 8,
     ):
         self.encoder = Encoder(repo, "zero-shot-classification", batch_size)
+        self.batch_size = self.encoder.batch_size
         self.entailment = _entailment_id(repo)
         # The other class of multi-label scores: transformers takes the first, or the last
         # where the first is entailment.
         self.contradiction = -1 if self.entailment == 0 else 0
-        # A copy that truncates only the premise, as transformers does, so that every label's
-        # hypothesis is read whole.
-        shared = self.encoder.tokenizer
-        self.tokenizer = type(shared).from_str(shared.to_str())
+        # A tokenizer that truncates only the premise, as transformers does, so that every
+        # label's hypothesis is read whole.
+        self.tokenizer = repo.require_tokenizer("zero-shot-classification")
         if self.encoder.limit:
             self.tokenizer.enable_truncation(self.encoder.limit, strategy="only_first")
+        if candidate_labels is not None:
+            candidate_labels_option(candidate_labels)
+        hypothesis_template_option(hypothesis_template)
         self.defaults = {
             "candidate_labels": candidate_labels,
             "hypothesis_template": hypothesis_template,
             "multi_label": multi_label,
         }
 
-    def __call__(
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def describe_items(self) -> str:
+        return "give a sequence (a string), a list of them or a generator of them"
+
+    def __call__(self, sequences: Any, *args: Any, **options: Any) -> Any:
+        # transformers takes the candidate labels as the second positional argument too.
+        if len(args) > 1:
+            raise InputError(f"give sequences and candidate_labels; got {len(args) + 1} arguments")
+        if args:
+            if "candidate_labels" in options:
+                raise InputError("candidate_labels given twice: positionally and by name")
+            options["candidate_labels"] = args[0]
+        return super().__call__(sequences, **options)
+
+    def run_items(
         self,
-        sequences: str | Sequence[str],
-        candidate_labels: str | Sequence[str] | None = None,
+        items: list,
         *,
+        candidate_labels: str | Sequence[str] | None = None,
         hypothesis_template: str | None = None,
         multi_label: bool | None = None,
-    ) -> Any:
+    ) -> list:
         given = {
             "candidate_labels": candidate_labels,
             "hypothesis_template": hypothesis_template,
             "multi_label": multi_label,
         }
         given = {k: self.defaults[k] if v is None else v for k, v in given.items()}
-        labels = _labels(given["candidate_labels"])
-        template = given["hypothesis_template"]
-        hypotheses = _hypotheses(template, labels)
-        texts, single = _as_list(sequences)
-        if not all(isinstance(t, str) for t in texts):
-            raise InputError(f"the sequences must be strings; got {sequences!r}")
-        pairs = [(text, hypothesis) for text in texts for hypothesis in hypotheses]
+        if given["candidate_labels"] is None:
+            raise InputError("zero-shot-classification needs candidate_labels")
+        labels = candidate_labels_option(given["candidate_labels"])
+        template = hypothesis_template_option(given["hypothesis_template"])
+        hypotheses = [template.format(label) for label in labels]
+        if not all(isinstance(t, str) for t in items):
+            raise InputError(f"the sequences must be strings; got {items!r}")
+        pairs = [(text, hypothesis) for text in items for hypothesis in hypotheses]
         try:
             encodings = self.tokenizer.encode_batch(pairs)
         except Exception as exc:  # tokenizers' own Exception: no room left for the premise
             raise InputError(f"the hypotheses leave no room for the sequence: {exc}") from None
         logits = np.stack(self.encoder.run(encodings, "logits")).astype(np.float32)
-        logits = logits.reshape(len(texts), len(labels), -1)
-        results = [
+        logits = logits.reshape(len(items), len(labels), -1)
+        return [
             self._ranked(text, labels, rows, bool(given["multi_label"]))
-            for text, rows in zip(texts, logits)
+            for text, rows in zip(items, logits)
         ]
-        return results[0] if single else results
 
     def _ranked(self, text: str, labels: list[str], logits: np.ndarray, multi: bool) -> dict:
         if multi or len(labels) == 1:
@@ -117,28 +139,3 @@ def _entailment_id(repo: Repo) -> int:
         f"{repo.source}: zero-shot-classification needs an NLI model whose config.json labels "
         f'a class "entailment"; its labels are {sorted(label2id)}'
     )
-
-
-def _labels(candidates: Any) -> list[str]:
-    """The candidate labels: a list of strings, or a string of them separated by commas."""
-    if isinstance(candidates, str):
-        candidates = [label.strip() for label in candidates.split(",") if label.strip()]
-    if (
-        not isinstance(candidates, Sequence)
-        or not candidates
-        or not all(isinstance(c, str) for c in candidates)
-    ):
-        raise InputError(
-            "candidate_labels must be a non-empty list of strings or a comma-separated string; "
-            f"got {candidates!r}"
-        )
-    return list(candidates)
-
-
-def _hypotheses(template: Any, labels: list[str]) -> list[str]:
-    if not isinstance(template, str) or template.format(labels[0]) == template:
-        raise InputError(
-            f"hypothesis_template must be a string with a {{}} where the label goes; got "
-            f"{template!r}"
-        )
-    return [template.format(label) for label in labels]

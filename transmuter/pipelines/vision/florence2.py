@@ -31,14 +31,14 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.images import load_image, preprocess
+from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
 from transmuter.pipelines.repo import Repo, read_json
-from transmuter.pipelines.seq2seq import Seq2SeqDecoder
-from transmuter.pipelines.text2text_generation import (
+from transmuter.pipelines.text.text2text_generation import (
     Text2TextGeneration,
     seq2seq_settings,
     start_tokens,
 )
+from transmuter.pipelines.vision.processors import load_image, preprocess
 
 TEXT_BUCKET = 16  # prompts pad to a multiple of this many tokens
 BINS = 1000  # <loc_0> .. <loc_999> per side of the image

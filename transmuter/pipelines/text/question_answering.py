@@ -11,14 +11,15 @@ power of two and the sequence to a multiple of 16 (the bucketed dims).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import Encoder
+from transmuter.pipelines.base import Task, positive_int
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.text.encoders import Encoder
 
 _OUTPUTS = ("start_logits", "end_logits")
 # transformers' masked logit for tokens that cannot be in an answer.
@@ -27,7 +28,7 @@ _MASKED = -10000.0
 _NO_NULL = 1000000.0
 
 
-class QuestionAnswering:
+class QuestionAnswering(Task):
     """{"question", "context"} (a dict, a list of them, `question=`/`context=` keywords with
     a string or lists, or question and context as two strings) -> the `top_k` best answers:
     one {"score", "start", "end", "answer"} where a single answer comes, else a list; a list
@@ -40,21 +41,20 @@ class QuestionAnswering:
 
     def __init__(self, repo: Repo, *, batch_size: int = 8, **options: Any):
         self.encoder = Encoder(repo, "question-answering", batch_size)
+        self.batch_size = self.encoder.batch_size
         if repo.tokenizer_config.get("padding_side", "right") != "right":
             raise ModelLoadError(
                 f"{repo.source}: question-answering puts the question first, as tokenizers "
                 "padding on the right do; tokenizer_config.json pads on the left"
             )
-        # A copy: windows need the tokenizer's truncation set per call, which the shared
-        # tokenizer (Encoder's, truncating to the model's positions) must not see.
-        tokenizer = self.encoder.tokenizer
-        self.tokenizer = type(tokenizer).from_str(tokenizer.to_str())
+        # Windows set the tokenizer's truncation per call, which Encoder's must not see.
+        self.tokenizer = repo.require_tokenizer("question-answering")
         self.cls_id = self.tokenizer.token_to_id(repo.tokenizer_config.get("cls_token", "[CLS]"))
-        longest = repo.tokenizer_config.get("model_max_length")
+        # transformers' default window: 384 tokens, or fewer where the model reads fewer.
         self.defaults = {
             "top_k": 1,
             "max_answer_len": 15,
-            "max_seq_len": min(longest, 384) if isinstance(longest, int) else 384,
+            "max_seq_len": min(384, self.encoder.limit or 384),
             "doc_stride": None,
             "max_question_len": 64,
             "handle_impossible_answer": False,
@@ -70,9 +70,7 @@ class QuestionAnswering:
             )
         given = {**self.defaults, **options}
         for name in ("top_k", "max_answer_len", "max_seq_len", "max_question_len"):
-            value = given[name]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"{name} must be an integer of at least 1; got {value!r}")
+            positive_int(given[name], name)
         limit = self.encoder.limit
         if limit and given["max_seq_len"] > limit:
             raise InputError(
@@ -94,8 +92,18 @@ class QuestionAnswering:
         context: str | Sequence[str] | None = None,
         **options: Any,
     ) -> Any:
-        given = self._options(options)
+        self._options(options)  # before any input is read, as a list call checks them
+        if len(args) == 1 and isinstance(args[0], Iterator):
+            return super().__call__(args[0], **options)
         examples = _examples(args, question, context)
+        results = self.run_items(examples, **options)
+        # transformers answers one question (or a list of one) with its answer.
+        return results[0] if len(results) == 1 else results
+
+    def run_items(self, items: list, **options: Any) -> list:
+        """The answers of each {"question", "context"} item."""
+        given = self._options(options)
+        examples = [_example(item) for item in items]
         windows = [self._windows(q, c, given) for q, c in examples]
         flat = [w for found in windows for w in found]
         logits = iter(self.encoder.run_outputs(flat, _OUTPUTS))
@@ -103,7 +111,7 @@ class QuestionAnswering:
         for (_, context_text), found in zip(examples, windows):
             outputs = [next(logits) for _ in found]
             results.append(self._answers(context_text, found, outputs, given))
-        return results[0] if len(results) == 1 else results
+        return results
 
     def _windows(self, question: str, context: str, given: dict[str, Any]) -> list[Any]:
         """The question paired with each window of the context: the tokenizer's overflowing
@@ -204,14 +212,15 @@ def _characters(window: Any, start: int, end: int) -> tuple[int, int]:
     return window.offsets[start][0], window.offsets[end][1]
 
 
-def _examples(args: tuple, question: Any, context: Any) -> list[tuple[str, str]]:
-    """(question, context) pairs from what transformers' argument handler takes."""
+def _examples(args: tuple, question: Any, context: Any) -> list[Any]:
+    """The {"question", "context"} items of what transformers' argument handler takes."""
     if args and (question is not None or context is not None):
         raise InputError("give the inputs either positionally or as question= and context=")
     if len(args) == 2 and all(isinstance(a, str) for a in args):
         items: Any = [{"question": args[0], "context": args[1]}]
     elif len(args) == 1:
         items = [args[0]] if isinstance(args[0], dict) else args[0]
+        items = list(items) if isinstance(items, tuple) else items
     elif args:
         items = list(args)
     elif isinstance(question, str) and isinstance(context, str):
@@ -232,7 +241,7 @@ def _examples(args: tuple, question: Any, context: Any) -> list[tuple[str, str]]
         )
     if not isinstance(items, list) or not items:
         raise InputError(f'give {{"question", "context"}} dicts or a list of them; got {items!r}')
-    return [_example(item) for item in items]
+    return items
 
 
 def _example(item: Any) -> tuple[str, str]:

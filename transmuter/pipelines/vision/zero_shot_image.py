@@ -25,10 +25,10 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import _softmax
-from transmuter.pipelines.image_tasks import dim_names, image_list
-from transmuter.pipelines.images import preprocess
+from transmuter.pipelines.base import sigmoid, softmax
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.image_tasks import dim_names, image_list
+from transmuter.pipelines.vision.processors import preprocess
 
 TASK = "zero-shot-image-classification"
 TEMPLATE = "This is a photo of {}."
@@ -88,7 +88,7 @@ class ZeroShotImageClassification:
             given = {**text, "pixel_values": pixels[start : start + self.batch_size]}
             logits = np.asarray(self._call(given)["logits_per_image"], np.float64)
             for row in logits:
-                scores = 1 / (1 + np.exp(-row)) if self.siglip else _softmax(row)
+                scores = sigmoid(row) if self.siglip else softmax(row)
                 order = np.argsort(-scores, kind="stable")
                 results.append([{"score": float(scores[i]), "label": labels[i]} for i in order])
         return results[0] if single else results

@@ -38,14 +38,14 @@ import numpy as np
 
 from transmuter import telemetry
 from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
-from transmuter.pipelines.generation import (
+from transmuter.pipelines.generation.decoder import (
     MIN_PAST_BUCKET,
     MIN_PROMPT_BUCKET,
     Settings,
-    _pow2,
     left_padded,
 )
-from transmuter.pipelines.text_generation import TextGeneration
+from transmuter.pipelines.shapes import pow2
+from transmuter.pipelines.text.text_generation import TextGeneration
 
 # The per-request options; end of sequence is the model's (generation_config.json).
 _OPTIONS = {
@@ -124,7 +124,7 @@ class ContinuousGeneration:
         self.pipeline, self.decoder = pipeline, decoder
         # A prompt padded to its power-of-two bucket is under twice its length, so a request
         # within the model's positions always fits twice them.
-        self.size, self.length, self.positions = slots, _pow2(2 * positions, 1), positions
+        self.size, self.length, self.positions = slots, pow2(2 * positions, 1), positions
         self.max_queue, self.chunk = max_queue, prefill_chunk
         eos = pipeline.defaults["eos_token_id"]
         self.eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
@@ -171,7 +171,7 @@ class ContinuousGeneration:
         at once (they join one a step). Returns the programs compiled; larger windows compile
         when requests first reach them."""
         before = self.programs
-        room = MIN_PAST_BUCKET - _pow2(len(prompt), MIN_PROMPT_BUCKET) - 1
+        room = MIN_PAST_BUCKET - pow2(len(prompt), MIN_PROMPT_BUCKET) - 1
         new = max(1, min(self.size + 1, room, self.positions - len(prompt)))
         options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
         # Not traffic: a max_queue below the slot count does not apply.
@@ -367,7 +367,7 @@ class ContinuousGeneration:
         rows); the tokens go to their requests."""
         running = [slot for slot, r in enumerate(self._rows) if r is not None]
         free = [slot for slot, r in enumerate(self._rows) if r is None]
-        count = min(self.size, _pow2(len(running), 1))
+        count = min(self.size, pow2(len(running), 1))
         rows = np.array(running + free[: count - len(running)], np.int32)
         # Indexing copies: on the CPU a numpy argument may be the device buffer itself, and
         # these change in place between steps.
@@ -381,7 +381,7 @@ class ContinuousGeneration:
             self.seen,
             self.keys,
             *self._options([self._rows[slot] for slot in rows]),
-            window=min(self.length, _pow2(int(self.write.max()) + 1, MIN_PAST_BUCKET)),
+            window=min(self.length, pow2(int(self.write.max()) + 1, MIN_PAST_BUCKET)),
         )
         self.past, self.mask = self._write(self.past, self.mask, rows, self.write[rows], new)
         # Free rows stay at 0, so that their writes stay inside the smallest window.

@@ -27,6 +27,7 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.shapes import pow2
 
 # Prompt lengths and buffer lengths are padded to powers of two, at least these.
 MIN_PROMPT_BUCKET = 8
@@ -75,7 +76,7 @@ class Decoder:
         self.presents = {p: _present_name(p, model.outputs) for p in self.pasts}
         self.positions = "position_ids" in model.inputs
         self.masked = "attention_mask" in model.inputs
-        self.past_shapes = {p: _past_shape(model, p) for p in self.pasts}
+        self.past_shapes = {p: past_shape(model, p) for p in self.pasts}
         self.programs = 0
         # The merged decoder's branch flag as arrays made outside any trace: inside one, a
         # closed-over concrete array stays concrete, so its If picks a branch on the host (a
@@ -207,7 +208,7 @@ class Decoder:
         batch = len(prompts)
         ids, mask, positions = left_padded(prompts, pad_id)
         width = ids.shape[1]
-        length = _pow2(width + max_new, MIN_PAST_BUCKET)
+        length = pow2(width + max_new, MIN_PAST_BUCKET)
         seen = self._seen(ids, settings)
         params = self.model.params
         step = jnp.int32(0)
@@ -215,12 +216,12 @@ class Decoder:
             params, ids, mask, positions, seen, step, key, length=length, settings=settings
         )
         next_position = positions[:, -1] + 1
-        tracker = _Tracker(batch, max_new, settings.eos, on_token)
+        tracker = Tracker(batch, max_new, settings.eos, on_token)
         for index in range(max_new):
             chosen = np.asarray(token)
             if tracker.take(chosen) or index == max_new - 1:
                 break
-            seen = _mark(seen, token)
+            seen = mark_seen(seen, token)
             token, past, past_mask = self._decode(
                 params,
                 token,
@@ -242,7 +243,7 @@ class Decoder:
         positions = np.arange(ids.shape[1], dtype=np.int64)[None]
         seen = self._seen(ids, settings)
         past = {p: jnp.zeros((1, s[0], 0, s[1]), d) for p, (s, d) in self.shapes()}
-        tracker = _Tracker(1, max_new, settings.eos, on_token and partial(_row, on_token, row))
+        tracker = Tracker(1, max_new, settings.eos, on_token and partial(_row, on_token, row))
         for index in range(max_new):
             token, past = self._exact(
                 self.model.params,
@@ -258,7 +259,7 @@ class Decoder:
             )
             if tracker.take(np.asarray(token)):
                 break
-            seen = _mark(seen, token)
+            seen = mark_seen(seen, token)
             ids = np.asarray(token)[:, None].astype(np.int64)
             mask = np.ones((1, mask.shape[1] + 1), np.int64)
             positions = positions[:, -1:] + 1
@@ -287,7 +288,7 @@ def _row(on_token, row, _, token):
     return on_token(row, token)
 
 
-class _Tracker:
+class Tracker:
     """The tokens each row has made, and which rows are done (end of sequence or stopped)."""
 
     def __init__(self, batch, max_new, eos, on_token):
@@ -350,7 +351,7 @@ def _choose(logits, seen, step, key, settings: Settings):
     return jax.random.categorical(jax.random.fold_in(key, step), logits, axis=-1)
 
 
-def _mark(seen, token):
+def mark_seen(seen, token):
     if seen.shape[1] == 0:
         return seen
     return seen.at[jnp.arange(seen.shape[0]), token].set(True)
@@ -359,17 +360,13 @@ def _mark(seen, token):
 def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):
     """The prompts left-padded with `pad_id` to their power-of-two bucket: ids, attention mask
     and transformers' positions for left padding (counted over real tokens, 1 on the pads)."""
-    width = _pow2(max(map(len, prompts)), MIN_PROMPT_BUCKET)
+    width = pow2(max(map(len, prompts)), MIN_PROMPT_BUCKET)
     ids = np.full((len(prompts), width), pad_id, np.int64)
     mask = np.zeros((len(prompts), width), np.int64)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt) :] = prompt
         mask[row, width - len(prompt) :] = 1
     return ids, mask, np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
-
-
-def _pow2(size: int, smallest: int) -> int:
-    return max(smallest, 1 << (size - 1).bit_length())
 
 
 def _present_name(past: str, outputs: Sequence[str]) -> str:
@@ -382,7 +379,7 @@ def _present_name(past: str, outputs: Sequence[str]) -> str:
     return name
 
 
-def _past_shape(model, name: str):
+def past_shape(model, name: str):
     """(heads, head size) and dtype of a past input, from its declared [batch, heads, past,
     head size]."""
     spec = model.input_specs[name]

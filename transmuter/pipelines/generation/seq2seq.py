@@ -45,8 +45,9 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.generation import Settings, _mark, _past_shape, _pow2, _Tracker, choose
+from transmuter.pipelines.generation.decoder import Settings, Tracker, choose, mark_seen, past_shape
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.shapes import pow2
 
 ENCODER_BUCKET = 8  # text inputs pad to a multiple of this many tokens
 MIN_DECODER_BUCKET = 16  # padded decoding: the sequence pads to a power of two, at least this
@@ -157,7 +158,7 @@ class Seq2SeqDecoder(_EncoderDecoder):
             if present not in self.first.outputs:
                 raise ModelLoadError(f"{self.first.source} returns no {present!r}")
         self.masked = "encoder_attention_mask" in self.first.inputs
-        self.past_shapes = {n: _past_shape(self.step, n) for n in pasts}
+        self.past_shapes = {n: past_shape(self.step, n) for n in pasts}
         self._start = jax.jit(self._start_step, static_argnames=("settings", "no_repeat"))
         self._next = jax.jit(self._next_step, static_argnames=("settings", "no_repeat"))
 
@@ -266,11 +267,11 @@ class Seq2SeqDecoder(_EncoderDecoder):
             )
             cross = {n: present[n] for n in self.cross}
             past = {n: present[n] for n in self.own}
-            tracker = _Tracker(batch, max_new_tokens, settings.eos, on_token)
+            tracker = Tracker(batch, max_new_tokens, settings.eos, on_token)
             for index in range(1, max_new_tokens + 1):
                 if tracker.take(np.asarray(token)) or index == max_new_tokens:
                     break
-                seen = _mark(seen, token)
+                seen = mark_seen(seen, token)
                 token, past, history = self._next(
                     (self.step.params, embed_params),
                     token,
@@ -313,7 +314,7 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         self.merged = "use_cache_branch" in names
         # The merged decoder's no-past branch reads no past: empty ones stand in.
         pasts = [n for n in names if n.startswith(_PAST)] if self.merged else []
-        self.past_shapes = {n: _past_shape(self.decoder, n) for n in pasts}
+        self.past_shapes = {n: past_shape(self.decoder, n) for n in pasts}
         self.masked = "encoder_attention_mask" in names
         self._start = jax.jit(self._start_step, static_argnames=("settings",))
         self._next = jax.jit(self._next_step, static_argnames=("settings",))
@@ -372,12 +373,12 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
                 max_new_tokens == 1,
                 settings=settings,
             )
-            tracker = _Tracker(batch, max_new_tokens, settings.eos, on_token)
+            tracker = Tracker(batch, max_new_tokens, settings.eos, on_token)
             for index in range(1, max_new_tokens + 1):
                 chosen = np.asarray(token)
                 if tracker.take(chosen) or index == max_new_tokens:
                     break
-                seen = _mark(seen, token)
+                seen = mark_seen(seen, token)
                 ids = self._appended(ids, length, chosen)
                 length += 1
                 token = self._next(
@@ -394,7 +395,7 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         return tracker.rows
 
     def _bucket(self, length: int) -> int:
-        size = _pow2(length, MIN_DECODER_BUCKET)
+        size = pow2(length, MIN_DECODER_BUCKET)
         return size if self.positions is None else max(min(size, self.positions), length)
 
     def _appended(self, ids: np.ndarray, length: int, tokens: np.ndarray) -> np.ndarray:

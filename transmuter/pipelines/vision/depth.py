@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import ModelLoadError
-from transmuter.pipelines.image_tasks import PixelModel, image_list, resize_maps
-from transmuter.pipelines.images import load_image, preprocess
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.image_tasks import PixelModel, image_list, resize_maps
+from transmuter.pipelines.vision.processors import load_image, preprocess
 
 PROCESSORS = ("DPTImageProcessor",)
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError
-from transmuter.pipelines.image_tasks import PixelModel, image_list
-from transmuter.pipelines.images import preprocess
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.image_tasks import PixelModel, image_list
+from transmuter.pipelines.vision.processors import preprocess
 
 POOLED = "pooler_output"
 

@@ -33,9 +33,9 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
-from transmuter.pipelines.images import load_image
-from transmuter.pipelines.repo import Repo, _json
-from transmuter.pipelines.schedulers import Scheduler, make_scheduler
+from transmuter.pipelines.diffusion.schedulers import Scheduler, make_scheduler
+from transmuter.pipelines.repo import Repo, json_file
+from transmuter.pipelines.vision.processors import load_image
 
 MODELS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
 FILES = (
@@ -99,15 +99,15 @@ def load_diffusion_repo(source: str | os.PathLike, *, dtype: str | None = None) 
             raise ModelLoadError(f"{name} has no {needed}: not a diffusers repo; found {found}")
     return DiffusionRepo(
         source=name,
-        config=_json(local["model_index.json"]),
+        config=json_file(local["model_index.json"]),
         generation_config={},
         preprocessor_config={},
         onnx={m: local[f"{m}/model.onnx"] for m in MODELS if f"{m}/model.onnx" in local},
-        tokenizer_config=_json(local.get("tokenizer/tokenizer_config.json")),
+        tokenizer_config=json_file(local.get("tokenizer/tokenizer_config.json")),
         tokenizer=_clip_tokenizer(name, local),
         found=found,
-        configs={m: _json(local.get(f"{m}/config.json")) for m in MODELS},
-        scheduler_config=_json(local["scheduler/scheduler_config.json"]),
+        configs={m: json_file(local.get(f"{m}/config.json")) for m in MODELS},
+        scheduler_config=json_file(local["scheduler/scheduler_config.json"]),
     )
 
 
@@ -125,7 +125,7 @@ def _clip_tokenizer(name: str, local: Mapping[str, Path]) -> Any:
         return tokenizer
     if "tokenizer/vocab.json" not in local or "tokenizer/merges.txt" not in local:
         return None
-    vocab = _json(local["tokenizer/vocab.json"])
+    vocab = json_file(local["tokenizer/vocab.json"])
     lines = local["tokenizer/merges.txt"].read_text(encoding="utf-8").splitlines()
     merges = [tuple(line.split()) for line in lines if line and not line.startswith("#version")]
     tokenizer = Tokenizer(

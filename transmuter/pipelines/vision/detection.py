@@ -4,7 +4,7 @@ truncated to ints as it truncates them), for DETR, YOLOS and RT-DETR exports.
 
 Each family's image processor, from preprocessor_config.json:
 - DETR: resize the shortest edge to `shortest_edge` unless that takes the longest past
-  `longest_edge` (images.py's `_resized`), rescale, normalize; the export's pixel_mask is all
+  `longest_edge` (images.py's `resized_size`), rescale, normalize; the export's pixel_mask is all
   ones (an image alone fills its input).
 - YOLOS: the same resize, each side then floored to a multiple of 16 (its processor's rule).
 - RT-DETR: resize to {"height", "width"}, rescale (normalization off in its configs).
@@ -44,9 +44,9 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import _labels
-from transmuter.pipelines.images import _resized, load_image, preprocess
+from transmuter.pipelines.base import id2label
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.processors import load_image, preprocess, resized_size
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -141,7 +141,7 @@ class DetrFamilyModel:
             wanted = config["size"]
             if self.processor != "rt_detr":
                 wanted = _detr_size(wanted, config.get("max_size", 1333))
-            resize = _yolos_resized if self.processor == "yolos" else _resized
+            resize = _yolos_resized if self.processor == "yolos" else resized_size
             width, height = resize(image.size, wanted)
             if self.processor == "mask2former":
                 # Mask2FormerImageProcessor resizes to sides rounded up to a multiple (older
@@ -245,12 +245,12 @@ class ObjectDetection(DetrFamilyModel):
         top_k: int | None,
     ) -> list[dict[str, Any]]:
         scores, classes, corners = self.scored(logits, boxes, size)
-        labels = _labels(self.repo, logits.shape[-1])
+        labels = id2label(self.repo.config, logits.shape[-1])
         keep = np.flatnonzero(scores > threshold)
         if top_k is not None:
             keep = keep[np.argsort(-scores[keep], kind="stable")[:top_k]]
         return [
-            {"score": float(s), "label": labels[c], "box": _box(b)}
+            {"score": float(s), "label": labels[c], "box": box_dict(b)}
             for s, c, b in zip(scores[keep], classes[keep], corners[keep])
         ]
 
@@ -287,7 +287,7 @@ def corners_scaled(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return corners * np.asarray([width, height, width, height], np.float32)
 
 
-def _box(corners: np.ndarray) -> dict[str, int]:
+def box_dict(corners: np.ndarray) -> dict[str, int]:
     xmin, ymin, xmax, ymax = (int(v) for v in np.trunc(corners))
     return {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax}
 
@@ -311,7 +311,7 @@ def _yolos_resized(size: tuple[int, int], wanted: Mapping[str, Any]) -> tuple[in
     a portrait image always scales (the check for an unchanged size comes second), and each
     side floored to a multiple of 16."""
     if not ("shortest_edge" in wanted and "longest_edge" in wanted):
-        return _resized(size, wanted)
+        return resized_size(size, wanted)
     width, height = size
     shortest, longest = int(wanted["shortest_edge"]), int(wanted["longest_edge"])
     short, long = float(min(width, height)), float(max(width, height))

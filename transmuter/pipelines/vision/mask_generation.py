@@ -34,8 +34,8 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.images import load_image, preprocess
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.processors import load_image, preprocess
 
 CACHED_IMAGES = 4  # images whose embeddings are kept for later prompts
 DECODER_INPUTS = (
@@ -211,7 +211,7 @@ class MaskGeneration:
         """The image's (height, width), its resized (height, width) and its embeddings, which
         are computed once for the last CACHED_IMAGES images."""
         size = (image.height, image.width)
-        resized = _resized(size, self.processor["longest_edge"])
+        resized = resized_size(size, self.processor["longest_edge"])
         key = hashlib.sha1(image.tobytes() + repr(size).encode()).digest()
         if key in self._embeddings:
             self._embeddings.move_to_end(key)
@@ -303,7 +303,7 @@ def _processor(repo: Repo) -> dict[str, Any]:
     }
 
 
-def _resized(size: tuple[int, int], longest: int) -> tuple[int, int]:
+def resized_size(size: tuple[int, int], longest: int) -> tuple[int, int]:
     """(height, width) with the longer side `longest`, rounded as SamImageProcessor does."""
     scale = longest / max(size)
     return int(size[0] * scale + 0.5), int(size[1] * scale + 0.5)

@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import DetrFamilyModel
-from transmuter.pipelines.encoders import _labels
-from transmuter.pipelines.image_tasks import PixelModel, image_list, resize_maps
-from transmuter.pipelines.images import load_image, preprocess
+from transmuter.pipelines.base import id2label
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.detection import DetrFamilyModel
+from transmuter.pipelines.vision.image_tasks import PixelModel, image_list, resize_maps
+from transmuter.pipelines.vision.processors import load_image, preprocess
 
 # The subtasks each image processor's post-processing gives, in the order the pipeline tries them.
 SUBTASKS = {
@@ -181,7 +181,7 @@ class ImageSegmentation:
 
     def _semantic(self, maps: np.ndarray, size: tuple[int, int]) -> list[dict[str, Any]]:
         classes = resize_maps(maps, size, "bilinear").argmax(0)
-        labels = _labels(self.repo, maps.shape[0])
+        labels = id2label(self.repo.config, maps.shape[0])
         return [
             {"score": None, "label": labels[found], "mask": _mask(classes == found)}
             for found in np.unique(classes)
@@ -204,7 +204,7 @@ class ImageSegmentation:
         masks = self._probabilities(masks[keep])
         weighted = resize_maps(masks, size, "bilinear") * scores[keep, None, None]
         owner = weighted.argmax(0)
-        labels = _labels(self.repo, nothing)
+        labels = id2label(self.repo.config, nothing)
         segments = []
         for k, query in enumerate(keep):
             inside = owner == k

@@ -14,14 +14,16 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import Encoder, _as_list, _softmax
+from transmuter.pipelines.base import Task, softmax
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.text.encoders import Encoder
 
 # The mask tokens of the BERT and RoBERTa families, where tokenizer_config.json names none.
 _MASK_TOKENS = ("[MASK]", "<mask>")
 
 
-class FillMask:
+class FillMask(Task):
     """Text(s) with mask tokens -> for each mask the `top_k` (default 5) tokens as
     [{"score", "token", "token_str", "sequence"}], scores softmaxed over the vocabulary (then
     kept to `targets`' tokens where given: a target that is no token of the vocabulary stands
@@ -38,29 +40,37 @@ class FillMask:
         batch_size: int = 8,
     ):
         self.encoder = Encoder(repo, "fill-mask", batch_size)
+        self.batch_size = self.encoder.batch_size
         self.tokenizer = self.encoder.tokenizer
         self.mask_id = _mask_id(repo, self.tokenizer)
         self.clean_up = _cleans_up(repo, self.tokenizer)
-        self.top_k = _checked_top_k(top_k)
+        self.top_k = top_k_option(top_k)
         self.target_ids = None if targets is None else self._target_ids(targets)
 
     def batch_key(self, text: str) -> int:
         """`Serving` batches texts of one sequence bucket together."""
         return self.encoder.sequence_bucket(text)
 
-    def __call__(
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        results = super().__call__(inputs, **options)
+        # transformers answers a list of one text as it answers the text.
+        return results[0] if isinstance(inputs, list) and len(inputs) == 1 else results
+
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def run_items(
         self,
-        inputs: str | Sequence[str],
+        items: list,
         *,
         top_k: int | None = None,
         targets: str | Sequence[str] | None = None,
-    ) -> Any:
-        top_k = self.top_k if top_k is None else _checked_top_k(top_k)
+    ) -> list:
+        top_k = self.top_k if top_k is None else top_k_option(top_k)
         target_ids = self.target_ids if targets is None else self._target_ids(targets)
-        texts, single = _as_list(inputs)
-        encodings = self.encoder.encode(texts)
+        encodings = self.encoder.encode(items)
         masks = []
-        for text, encoding in zip(texts, encodings):
+        for text, encoding in zip(items, encodings):
             found = np.flatnonzero(np.asarray(encoding.ids) == self.mask_id)
             if not found.size:
                 raise InputError(
@@ -69,12 +79,10 @@ class FillMask:
                 )
             masks.append(found)
         logits = self.encoder.run(encodings, "logits")
-        results = [
+        return [
             self._fill(np.asarray(encoding.ids), where, rows, top_k, target_ids)
             for encoding, where, rows in zip(encodings, masks, logits)
         ]
-        # transformers answers a list of one text as it answers the text.
-        return results[0] if single or len(results) == 1 else results
 
     def _fill(
         self,
@@ -84,7 +92,7 @@ class FillMask:
         top_k: int,
         target_ids: np.ndarray | None,
     ) -> list:
-        probs = _softmax(logits[masks].astype(np.float32))
+        probs = softmax(logits[masks].astype(np.float32))
         if target_ids is not None:
             probs = probs[:, target_ids]
         single = len(masks) == 1
@@ -131,12 +139,6 @@ class FillMask:
         if not ids:
             raise InputError(f"none of the targets {list(targets)} is in the vocabulary")
         return np.array(sorted(ids))
-
-
-def _checked_top_k(top_k: Any) -> int:
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise InputError(f"top_k must be an integer of at least 1; got {top_k!r}")
-    return top_k
 
 
 def _mask_id(repo: Repo, tokenizer: Any) -> int:

@@ -21,8 +21,8 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.audio import kaldi_fbank
-from transmuter.pipelines.encoders import _SCORES, _labels
+from transmuter.pipelines.audio.features import kaldi_fbank
+from transmuter.pipelines.base import SCORES, id2label
 from transmuter.pipelines.repo import Repo
 
 EXTRACTORS = ("ASTFeatureExtractor", "Wav2Vec2FeatureExtractor")
@@ -125,8 +125,8 @@ class AudioClassification:
         return wave
 
     def _ranked(self, logits: np.ndarray, function: str, top_k: int | None) -> list[dict]:
-        scores = _SCORES[function](logits.astype(np.float64))
-        labels = _labels(self.repo, len(scores))
+        scores = SCORES[function](logits.astype(np.float64))
+        labels = id2label(self.repo.config, len(scores))
         order = np.argsort(-scores, kind="stable")[:top_k]
         return [{"score": float(scores[i]), "label": labels[i]} for i in order]
 
@@ -167,6 +167,6 @@ def _checked_top_k(top_k: int | None) -> int | None:
 
 
 def _checked_function(function: str | None) -> str | None:
-    if function is not None and function not in _SCORES:
-        raise InputError(f"function_to_apply must be one of {', '.join(_SCORES)}; got {function!r}")
+    if function is not None and function not in SCORES:
+        raise InputError(f"function_to_apply must be one of {', '.join(SCORES)}; got {function!r}")
     return function

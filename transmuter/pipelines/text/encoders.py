@@ -8,24 +8,43 @@ return.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import (
+    SCORES,
+    Task,
+    choice,
+    id2label,
+    positive_int,
+    ranked,
+    softmax,
+)
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class _Unset:
+    """The default of an option whose absence changes the answer's shape."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
 
 
 class Encoder:
     """A text encoder's model and tokenizer, running batches of texts."""
 
     def __init__(self, repo: Repo, task: str, batch_size: int):
-        if batch_size < 1:
-            raise InputError(f"batch_size must be at least 1; got {batch_size}")
+        self.batch_size = positive_int(batch_size, "batch_size")
         self.repo = repo
         self.tokenizer = repo.require_tokenizer(task)
         self.model = repo.model("model")
@@ -35,10 +54,9 @@ class Encoder:
                 f"{repo.source}: {task} feeds {', '.join(_TEXT_INPUTS)}; the model takes "
                 f"{self.model.inputs}"
             )
-        self.batch_size = batch_size
         self.pairs = task == "text-classification"
         self.pad_id = _pad_id(repo, self.tokenizer)
-        self.limit = limit = repo.config.get("max_position_embeddings")
+        self.limit = limit = repo.max_length()
         if limit and self.tokenizer.truncation is None:
             # Past the model's positions the embedding lookup would fail: cut as transformers'
             # tokenizers do (keeping the special tokens the post-processor adds).
@@ -146,16 +164,7 @@ def _text_or_pair(item: Any, pairs: bool) -> str | tuple[str, str]:
     raise InputError(f"the inputs must be {wanted}; got {item!r}")
 
 
-def _as_list(inputs: Any) -> tuple[list[Any], bool]:
-    """The texts (or pairs), and whether one (not a list) was given."""
-    if isinstance(inputs, (str, dict)):
-        return [inputs], True
-    if isinstance(inputs, Sequence) and inputs:
-        return list(inputs), False
-    raise InputError(f"give a string or a non-empty list of strings; got {inputs!r}")
-
-
-class FeatureExtraction:
+class FeatureExtraction(Task):
     """Text -> embeddings: per token (`pooling="none"`: an array [tokens, hidden] per text) or
     pooled (`"mean"` over the real tokens, `"cls"` the first token: an array [texts, hidden],
     [hidden] for one text), L2-normalized with `normalize=True`."""
@@ -163,10 +172,9 @@ class FeatureExtraction:
     def __init__(
         self, repo: Repo, *, pooling: str = "none", normalize: bool = False, batch_size: int = 8
     ):
-        if pooling not in ("none", "mean", "cls"):
-            raise InputError(f"pooling must be 'none', 'mean' or 'cls'; got {pooling!r}")
+        self.pooling = choice(pooling, "pooling", ("none", "mean", "cls"))
         self.encoder = Encoder(repo, "feature-extraction", batch_size)
-        self.pooling, self.normalize = pooling, normalize
+        self.batch_size, self.normalize = self.encoder.batch_size, normalize
         outputs = self.encoder.model.outputs
         self.output = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
 
@@ -174,16 +182,18 @@ class FeatureExtraction:
         """`Serving` batches texts of one sequence bucket together."""
         return self.encoder.sequence_bucket(text)
 
-    def __call__(self, inputs: str | Sequence[str]) -> Any:
-        texts, single = _as_list(inputs)
-        hidden = self.encoder.run(self.encoder.encode(texts), self.output)
-        if self.pooling == "none":
-            rows = [_normalized(h) if self.normalize else h for h in hidden]
-            return rows[0] if single else rows
-        pooled = np.stack([h.mean(0) if self.pooling == "mean" else h[0] for h in hidden])
-        if self.normalize:
-            pooled = _normalized(pooled)
-        return pooled[0] if single else pooled
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        results = super().__call__(inputs, **options)
+        # Pooled vectors of a list come as one array [texts, hidden].
+        return (
+            np.stack(results) if self.pooling != "none" and isinstance(results, list) else results
+        )
+
+    def run_items(self, items: list) -> list:
+        hidden = self.encoder.run(self.encoder.encode(items), self.output)
+        if self.pooling != "none":
+            hidden = [h.mean(0) if self.pooling == "mean" else h[0] for h in hidden]
+        return [_normalized(h) if self.normalize else h for h in hidden]
 
 
 # sentence-transformers' pooling modes (1_Pooling/config.json) by FeatureExtraction's names.
@@ -211,85 +221,88 @@ def _normalized(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def _labels(repo: Repo, count: int) -> list[str]:
-    """config.json's id2label, or LABEL_i as transformers names unlabeled classes."""
-    names = repo.config.get("id2label") or {}
-    return [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(count)]
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-_SCORES = {
-    "softmax": _softmax,
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "none": lambda x: x,
-}
-
-
-class TextClassification:
+class TextClassification(Task):
     """Text (or a {"text", "text_pair"} pair) -> [{"label", "score"}] as transformers'
     text-classification: softmax over the labels (a sigmoid for one label or multi-label
-    configs; per call, `function_to_apply` "softmax", "sigmoid" or "none" for the logits); the
-    best label per text, or the `top_k` best (None: all) as a list per text."""
+    configs; `function_to_apply` "softmax", "sigmoid" or "none" for the logits). Without a
+    `top_k`, the best label per text as a dict (one text gives a list of that dict, one pair
+    the dict); with a `top_k` (None: all labels), a list of the best per text. `top_k` and
+    `function_to_apply` are options here and per call."""
 
-    def __init__(self, repo: Repo, *, top_k: int | None = 1, batch_size: int = 8):
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        top_k: int | None | _Unset = UNSET,
+        function_to_apply: str | None = None,
+        batch_size: int = 8,
+    ):
         self.encoder = Encoder(repo, "text-classification", batch_size)
-        self.top_k = top_k
-        self.sigmoid = (
+        self.batch_size = self.encoder.batch_size
+        sigmoid = (
             repo.config.get("problem_type") == "multi_label_classification"
             or len(repo.config.get("id2label") or {}) == 1
         )
+        self.defaults = {
+            "top_k": UNSET if top_k is UNSET else top_k_option(top_k, none=True),
+            "function_to_apply": "sigmoid" if sigmoid else "softmax",
+        }
+        if function_to_apply is not None:
+            self.defaults["function_to_apply"] = choice(
+                function_to_apply, "function_to_apply", SCORES
+            )
 
     def batch_key(self, text: str) -> int:
         """`Serving` batches texts of one sequence bucket together."""
         return self.encoder.sequence_bucket(text)
 
-    def single(self, rows: list) -> Any:
-        """What one text (not a list) gets, from the rows of a list of one."""
-        return rows if self.top_k == 1 else rows[0]
+    def single(self, result: Any, item: Any, options: Mapping[str, Any]) -> Any:
+        # transformers' odd case: one string called without a top_k answers a list of its
+        # result (of its one dict, or with top_k set at construction, of its list).
+        return [result] if isinstance(item, str) and "top_k" not in options else result
 
-    def __call__(self, inputs: Any, *, function_to_apply: str | None = None) -> Any:
-        if function_to_apply is None:
-            function_to_apply = "sigmoid" if self.sigmoid else "softmax"
-        if function_to_apply not in _SCORES:
-            raise InputError(
-                f"function_to_apply must be one of {', '.join(_SCORES)}; got {function_to_apply!r}"
-            )
-        texts, single = _as_list(inputs)
-        logits = self.encoder.run(self.encoder.encode(texts), "logits")
+    def run_items(
+        self, items: list, *, top_k: Any = UNSET, function_to_apply: str | None = None
+    ) -> list:
+        if top_k is UNSET:
+            top_k = self.defaults["top_k"]
+        else:
+            top_k = top_k_option(top_k, none=True)
+        function = self.defaults["function_to_apply"]
+        if function_to_apply is not None:
+            function = choice(function_to_apply, "function_to_apply", SCORES)
+        logits = self.encoder.run(self.encoder.encode(items), "logits")
         results = []
         for row in logits:
-            scores = _SCORES[function_to_apply](row)
-            labels = _labels(self.encoder.repo, len(scores))
-            order = np.argsort(-scores, kind="stable")[: self.top_k]
-            ranked = [{"label": labels[i], "score": float(scores[i])} for i in order]
-            results.append(ranked[0] if self.top_k == 1 else ranked)
-        return self.single(results) if single else results
+            scores = SCORES[function](row)
+            best = ranked(scores, id2label(self.encoder.repo.config, len(scores)), None)
+            results.append(best[0] if top_k is UNSET else best[:top_k])
+        return results
 
 
-class TokenClassification:
+class TokenClassification(Task):
     """Text -> one dict per token not labeled in `ignore_labels` (special tokens left out), as
     transformers' token-classification without aggregation: entity, score (softmax), index
     (in the tokenized text), word (the token), start and end (character offsets)."""
 
     def __init__(self, repo: Repo, *, ignore_labels: Sequence[str] = ("O",), batch_size: int = 8):
         self.encoder = Encoder(repo, "token-classification", batch_size)
+        self.batch_size = self.encoder.batch_size
         self.ignore = set(ignore_labels)
 
     def batch_key(self, text: str) -> int:
         """`Serving` batches texts of one sequence bucket together."""
         return self.encoder.sequence_bucket(text)
 
-    def __call__(self, inputs: str | Sequence[str]) -> Any:
-        texts, single = _as_list(inputs)
-        encodings = self.encoder.encode(texts)
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def run_items(self, items: list) -> list:
+        encodings = self.encoder.encode(items)
         results = []
         for encoding, logits in zip(encodings, self.encoder.run(encodings, "logits")):
-            scores = _softmax(logits)
-            labels = _labels(self.encoder.repo, scores.shape[-1])
+            scores = softmax(logits)
+            labels = id2label(self.encoder.repo.config, scores.shape[-1])
             found = []
             for index, token in enumerate(encoding.tokens):
                 best = int(scores[index].argmax())
@@ -307,4 +320,4 @@ class TokenClassification:
                     }
                 )
             results.append(found)
-        return results[0] if single else results
+        return results

@@ -36,10 +36,10 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import _box, corners_scaled
-from transmuter.pipelines.grounding_dino import GroundingDino
-from transmuter.pipelines.images import load_image, preprocess
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.detection import box_dict, corners_scaled
+from transmuter.pipelines.vision.grounding_dino import GroundingDino
+from transmuter.pipelines.vision.processors import load_image, preprocess
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -176,7 +176,7 @@ class ZeroShotObjectDetection:
             size = (side, side)
         corners = corners_scaled(boxes, size)
         found = [
-            {"score": float(scores[i, j]), "label": label, "box": _box(corners[i])}
+            {"score": float(scores[i, j]), "label": label, "box": box_dict(corners[i])}
             for j, label in enumerate(labels)
             for i in np.flatnonzero(scores[:, j] > threshold)
         ]

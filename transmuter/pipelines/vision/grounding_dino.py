@@ -50,15 +50,15 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.detection import (
+from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.detection import (
     DETR_DEFAULTS,
-    _box,
     _detr_size,
+    box_dict,
     corners_scaled,
     padded_size,
 )
-from transmuter.pipelines.images import _resized, load_image, preprocess
-from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.processors import load_image, preprocess, resized_size
 
 # transformers' SPECIAL_TOKENS in modeling_grounding_dino: bert-base-uncased's [CLS], [SEP],
 # "." and "?", the phrase delimiters the model's text masks are built from.
@@ -121,7 +121,7 @@ class GroundingDino:
         config = dict(self.config)
         if config.get("do_resize", True):
             wanted = _detr_size(config["size"], config.get("max_size", 1333))
-            width, height = _resized(image.size, wanted)
+            width, height = resized_size(image.size, wanted)
             config["size"] = {"height": height, "width": width}
         return preprocess(image, config)
 
@@ -133,7 +133,7 @@ class GroundingDino:
         scores, boxes = self.scored(self.pixels(image), labels)
         corners = corners_scaled(boxes, image.size)
         found = [
-            {"score": float(scores[j, i]), "label": label, "box": _box(corners[j, i])}
+            {"score": float(scores[j, i]), "label": label, "box": box_dict(corners[j, i])}
             for j, label in enumerate(labels)
             for i in np.flatnonzero(scores[j] > threshold)
         ]

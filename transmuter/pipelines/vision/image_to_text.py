@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.florence2 import Florence2Captioner
-from transmuter.pipelines.images import preprocess
+from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.seq2seq import seq2seq_decoder
-from transmuter.pipelines.text2text_generation import (
+from transmuter.pipelines.text.text2text_generation import (
     Text2TextGeneration,
     seq2seq_settings,
     start_tokens,
 )
+from transmuter.pipelines.vision.florence2 import Florence2Captioner
+from transmuter.pipelines.vision.processors import preprocess
 
 
 def image_to_text(repo: Repo, **options: Any) -> Any:

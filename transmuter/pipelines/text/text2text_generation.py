@@ -13,10 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.generation import Settings
+from transmuter.pipelines.generation.decoder import Settings
+from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.seq2seq import seq2seq_decoder
-from transmuter.pipelines.text_generation import _DEFAULTS, TextGeneration
+from transmuter.pipelines.text.text_generation import GENERATION_DEFAULTS, TextGeneration
 
 
 class Text2TextGeneration(TextGeneration):
@@ -142,7 +142,7 @@ def task_parameters(repo: Repo, task: str) -> tuple[str, dict[str, Any]]:
     prefix = params.pop("prefix", repo.config.get("prefix")) or ""
     if not isinstance(prefix, str):
         raise ModelLoadError(f"{repo.source}: the {task} prefix must be a string; got {prefix!r}")
-    defaults = {k: v for k, v in params.items() if k in _DEFAULTS}
+    defaults = {k: v for k, v in params.items() if k in GENERATION_DEFAULTS}
     ignored = sorted(set(params) - set(defaults))
     if ignored:
         warnings.warn(

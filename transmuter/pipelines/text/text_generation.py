@@ -9,14 +9,14 @@ from typing import Any
 import jax
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.generation import Decoder, Settings, warn_exact
+from transmuter.pipelines.generation.decoder import Decoder, Settings, warn_exact
 from transmuter.pipelines.repo import Repo
 
 # A decoder that takes its past, in order of preference: merged (one file serves the prompt and
 # the steps), then Optimum's with-past file, then a model.onnx with past inputs.
 _DECODER_ROLES = ("decoder_merged", "decoder_with_past", "model")
 # transformers' GenerationConfig defaults, for what generation_config.json leaves out.
-_DEFAULTS = {
+GENERATION_DEFAULTS = {
     "max_new_tokens": 20,
     "min_new_tokens": 0,
     "do_sample": False,
@@ -57,7 +57,7 @@ class TextGeneration:
         the options given."""
         repo = self.repo
         config = repo.generation_config
-        self.defaults = {k: config.get(k, v) for k, v in _DEFAULTS.items()}
+        self.defaults = {k: config.get(k, v) for k, v in GENERATION_DEFAULTS.items()}
         self.defaults.update(
             eos_token_id=config.get("eos_token_id", repo.config.get("eos_token_id")),
             stop=(),

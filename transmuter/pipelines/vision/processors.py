@@ -1,6 +1,5 @@
-"""The image-classification task: images in, [{"label", "score"}] out, as transformers'
-pipeline returns them, with the preprocessing of preprocessor_config.json as transformers'
-image processors (the Pillow ones) apply it: convert to RGB, resize with Pillow (`size` as
+"""Image processing as transformers' image processors (the Pillow ones) apply
+preprocessor_config.json: convert to RGB, resize with Pillow (`size` as
 height and width, its shortest edge, or a shortest edge capped by a longest edge), center crop
 (`crop_size`), rescale, normalize, channels first.
 
@@ -14,56 +13,14 @@ from typing import Any
 
 import numpy as np
 
-import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.encoders import _labels, _softmax
-from transmuter.pipelines.repo import Repo
-
-
-class ImageClassification:
-    """Classify images: numpy arrays (height, width, channels; uint8, or floats in [0, 1])
-    or Pillow images, one or a list. The `top_k` best labels of config.json's id2label with
-    softmax scores (a sigmoid for multi-label configs), as a list per image."""
-
-    def __init__(self, repo: Repo, *, top_k: int = 5, batch_size: int = 8):
-        if batch_size < 1 or top_k < 1:
-            raise InputError(f"top_k and batch_size must be at least 1; got {top_k}, {batch_size}")
-        self.repo, self.top_k, self.batch_size = repo, top_k, batch_size
-        self.model = repo.model("model")
-        if "pixel_values" not in self.model.inputs or len(self.model.inputs) != 1:
-            raise ModelLoadError(
-                f"{repo.source}: image classification feeds pixel_values; the model takes "
-                f"{self.model.inputs}"
-            )
-        self.config = repo.preprocessor_config
-        self.sigmoid = repo.config.get("problem_type") == "multi_label_classification"
-        self._compiled = None
-
-    def __call__(self, inputs: Any, *, top_k: int | None = None) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [inputs] if single else list(inputs)
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        pixels = np.stack([preprocess(image, self.config) for image in images])
-        results = []
-        for start in range(0, len(pixels), self.batch_size):
-            chunk = {"pixel_values": pixels[start : start + self.batch_size]}
-            if self._compiled is None:
-                self._compiled = transmuter.compile(self.model, chunk)
-            logits = np.asarray(self._compiled(chunk)["logits"], np.float32)
-            for row in logits:
-                scores = 1 / (1 + np.exp(-row)) if self.sigmoid else _softmax(row)
-                labels = _labels(self.repo, len(scores))
-                order = np.argsort(-scores, kind="stable")[: top_k or self.top_k]
-                results.append([{"label": labels[i], "score": float(scores[i])} for i in order])
-        return results[0] if single else results
 
 
 def preprocess(image: Any, config: Mapping[str, Any]) -> np.ndarray:
     """float32 [channels, height, width] pixel values of one image."""
     image = load_image(image)
     if config.get("do_resize", True) and config.get("size"):
-        size = _resized(image.size, config["size"])
+        size = resized_size(image.size, config["size"])
         if min(size) < 1:
             raise InputError(
                 f"an image of {image.size[0]} x {image.size[1]} pixels (width x height) "
@@ -114,7 +71,7 @@ def load_image(image: Any) -> Any:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def _resized(size: tuple[int, int], wanted: Any) -> tuple[int, int]:
+def resized_size(size: tuple[int, int], wanted: Any) -> tuple[int, int]:
     """(width, height) after resizing to `wanted`: {"height", "width"}, {"shortest_edge"} (the
     longer side scaled alike), or an int (a square)."""
     width, height = size

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError
-from transmuter.pipelines.audio import log_mel
+from transmuter.pipelines.audio.features import log_mel
+from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.seq2seq import seq2seq_decoder
-from transmuter.pipelines.text2text_generation import Text2TextGeneration, seq2seq_settings
+from transmuter.pipelines.text.text2text_generation import Text2TextGeneration, seq2seq_settings
 
 
 class AutomaticSpeechRecognition(Text2TextGeneration):

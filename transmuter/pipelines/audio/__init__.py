@@ -1,0 +1,1 @@
+"""Audio tasks and their features: classification, speech recognition, text-to-speech."""

@@ -1,0 +1,1 @@
+"""Text-to-image: the one-program denoising loop and its schedulers."""

@@ -1,0 +1,2 @@
+"""Decoding: the decode loop and token chooser (decoder.py), encoder-decoder decoding
+(seq2seq.py) and continuous batching (continuous.py)."""

@@ -1,0 +1,1 @@
+"""Image tasks and the image processors they share (processors.py)."""
