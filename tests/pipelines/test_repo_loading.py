@@ -42,6 +42,20 @@ def test_transformers_js_layout_and_dtype(tmp_path):
         transmuter.load_repo(tmp_path, dtype="int3")
 
 
+def test_a_repo_of_other_dtypes_says_which_to_pass(tmp_path):
+    # onnx-community's Kokoro as the real int8 file is laid out: only onnx/model_quantized.onnx.
+    (tmp_path / "onnx").mkdir()
+    shutil.copy(REPOS / "bert" / "model.onnx", tmp_path / "onnx" / "model_quantized.onnx")
+    with pytest.raises(ModelLoadError, match=r"holds q8 files: pass dtype='q8'$"):
+        transmuter.load_repo(tmp_path)
+    shutil.copy(REPOS / "bert" / "model.onnx", tmp_path / "onnx" / "model_fp16.onnx")
+    with pytest.raises(
+        ModelLoadError, match=r"holds fp16 and q8 files: pass dtype='fp16' \(or 'q8'\)"
+    ):
+        transmuter.load_repo(tmp_path, dtype="q4")
+    assert transmuter.load_repo(tmp_path, dtype="q8").onnx["model"].name == "model_quantized.onnx"
+
+
 def test_a_folder_without_onnx_lists_what_it_found(tmp_path):
     shutil.copy(REPOS / "bert" / "config.json", tmp_path / "config.json")
     with pytest.raises(ModelLoadError, match=r"no ONNX model.*found \['config.json'\]"):

@@ -152,7 +152,7 @@ def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
         raise ModelLoadError(
             f"{name} has no ONNX model in Optimum's or transformers.js's layout"
             f"{'' if dtype is None else f' for dtype={dtype!r}'} (looked for "
-            f"{', '.join(wanted)}); found {found}"
+            f"{', '.join(wanted)}); found {found}{_dtype_hint(found, dtype)}"
         )
     return Repo(
         source=name,
@@ -165,6 +165,21 @@ def load_repo(source: str | os.PathLike, *, dtype: str | None = None) -> Repo:
         pooling=json_file(local.get("1_Pooling/config.json")),
         tokenizer=_tokenizer(local.get(TOKENIZER)),
         found=found,
+    )
+
+
+def _dtype_hint(found: list[str], dtype: str | None) -> str:
+    """What to pass when the files under onnx/ are of other dtypes than the one asked for (a
+    repo of only model_quantized.onnx, read without dtype=)."""
+    held = [
+        name
+        for name, suffix in DTYPES.items()
+        if name != dtype and any(f"onnx/{stem}{suffix}.onnx" in found for stem in ROLES.values())
+    ]
+    if not held:
+        return ""
+    return f"; it holds {' and '.join(held)} files: pass dtype={held[0]!r}" + (
+        f" (or {', '.join(repr(d) for d in held[1:])})" if len(held) > 1 else ""
     )
 
 
