@@ -154,3 +154,161 @@ def test_a_pipelines_rows_under_concurrency_are_its_own(embeddings):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     assert len(batches) - warm < len(texts) and max(batches[warm:]) <= 4
+
+
+# -- the contract: the worker never dies and never mixes ----------------------------------------
+
+
+class Raising:
+    """Doubles numbers; raises `error` on the item "boom", wherever it is in the batch."""
+
+    def __init__(self, error: BaseException):
+        self.error, self.calls = error, []
+
+    def run_items(self, items):
+        self.calls.append(list(items))
+        if "boom" in items:
+            raise self.error
+        return [x * 2 for x in items]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad value"),
+        MemoryError("out of memory"),
+        GeneratorExit("odd"),
+        transmuter.errors.NodeError("node n1 failed"),
+    ],  # fmt: skip
+    ids=lambda e: type(e).__name__,
+)
+def test_a_raising_pipeline_fails_its_request_alone_and_the_worker_goes_on(error):
+    pipeline = Raising(error)
+    with Serving(pipeline, batch_size=8, batch_timeout_ms=200) as serving:
+        futures = [serving.submit(x) for x in (1, "boom", [2, 3])]
+        assert futures[0].result(10) == 2 and futures[2].result(10) == [4, 6]
+        with pytest.raises(type(error), match=str(error)):
+            futures[1].result(10)
+        assert serving.submit(7).result(10) == 14  # the next request is served
+    assert pipeline.calls[0] == [1, "boom", 2, 3]
+
+
+def test_a_wrong_row_count_fails_the_batch_naming_the_pipeline():
+    def collapsing(items):  # fill-mask's old habit: one item gives a bare row
+        return items[0] * 2 if len(items) == 1 else [x * 2 for x in items] + [0]
+
+    with Serving(collapsing, batch_timeout_ms=0) as serving:
+        with pytest.raises(transmuter.serving.batching.ContractError, match=r"collapsing .*int"):
+            serving(3)
+        with pytest.raises(transmuter.serving.batching.ContractError,
+                           match=r"collapsing returned 3 rows for 2 items"):  # fmt: skip
+            serving([1, 2])
+        assert serving.submit([4, 5]).exception(10) is not None  # still answering
+
+
+def test_errors_in_single_batch_key_and_telemetry_stay_with_their_request():
+    class Picky:
+        def run_items(self, items):
+            return [x * 2 for x in items]
+
+        def single(self, result, item, options):
+            if item == 13:
+                raise RuntimeError("unlucky")
+            return result
+
+        def batch_key(self, item):
+            if item == 99:
+                raise KeyError("no bucket for 99")
+            return 0
+
+    def broken_handler(event, measurements, metadata):
+        raise RuntimeError("metrics down")
+
+    transmuter.telemetry.attach("test-broken", ["transmuter.serving.batch"], broken_handler)
+    try:
+        with Serving(Picky(), batch_size=8, batch_timeout_ms=100) as serving:
+            futures = [serving.submit(x) for x in (1, 13, 99, 2)]
+            assert futures[0].result(10) == 2 and futures[3].result(10) == 4
+            with pytest.raises(RuntimeError, match="unlucky"):
+                futures[1].result(10)
+            with pytest.raises(KeyError, match="no bucket for 99"):
+                futures[2].result(10)
+            assert serving(5) == 10
+    finally:
+        transmuter.telemetry.detach("test-broken")
+
+
+def test_systemexit_in_a_pipeline_answers_everyone_then_refuses():
+    gate = threading.Event()
+
+    def exiting(items):
+        gate.wait(10)
+        if "exit" in items:
+            raise SystemExit(3)
+        return items
+
+    serving = Serving(exiting, batch_size=1, batch_timeout_ms=0)
+    first = serving.submit("exit")
+    queued = serving.submit("next")
+    gate.set()
+    with pytest.raises(SystemExit):
+        first.result(10)
+    with pytest.raises(ServingClosed, match="worker stopped: SystemExit"):
+        queued.result(10)
+    with pytest.raises(ServingClosed):
+        serving.submit("later")
+
+
+def test_batch_keys_digest_contents_not_reprs():
+    from transmuter.serving.batching import digest
+
+    a = np.zeros((64, 64, 3), np.uint8)
+    b = a.copy()
+    b[32, 32, 1] = 1  # same corners: numpy's repr of both is the same
+    assert repr(a) == repr(b) and digest({"image": a}) != digest({"image": b})
+    assert digest({"image": a}) == digest({"image": a.copy()})
+    assert digest(a) != digest(a.astype(np.int8)) != digest(a.reshape(64, 192, 1))
+    assert digest({"x": [1, {"y": 2.5}]}) == digest({"x": [1, {"y": 2.5}]})
+    assert digest({"x": 1}) != digest({"x": 1.0}) != digest({"x": "1"}) != digest({"x": True})
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
+    assert digest([1, 2]) != digest((1, 2)) and digest(0.1 + 0.2) != digest(0.3)
+
+
+def test_requests_with_large_arrays_sharing_corners_batch_apart():
+    def painting(items, image):  # stands in for image-to-image: the rows depend on the option
+        return [int(image.sum()) + x for x in items]
+
+    a = np.zeros((2000,), np.int64)
+    b = a.copy()
+    b[1000] = 5
+    with Serving(painting, batch_size=8, batch_timeout_ms=200) as serving:
+        futures = [serving.submit(1, image=a), serving.submit(1, image=b)]
+        assert [f.result(10) for f in futures] == [1, 6]
+
+
+@pytest.fixture(scope="module")
+def answering():
+    return transmuter.pipeline("question-answering", REPOS / "bert-qa")
+
+
+def test_one_question_alone_and_among_others_answers_as_the_pipeline(answering):
+    questions = [
+        {"question": "who went home?", "context": "Alice went home after the party."},
+        {"question": "what color?", "context": "The sky was blue and the grass green."},
+        {"question": "where?", "context": "They met in Paris in spring."},
+    ]
+    want = [answering(q) for q in questions]
+    with Serving(answering, batch_size=4, batch_timeout_ms=100) as serving:
+        assert serving.submit(questions[0]).result(60) == want[0]  # alone: the issue's probe
+        with ThreadPoolExecutor(3) as pool:
+            same_answers(list(pool.map(serving, questions)), want)
+        same_answers(serving(questions[:2]), want[:2])
+        same_answers(serving(questions[1], top_k=2), answering(questions[1], top_k=2))
+
+
+def same_answers(got, want):
+    """Equal answers, scores within float noise (a batch pads its texts to one length)."""
+    assert type(got) is type(want) and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert {**g, "score": 0} == {**w, "score": 0}
+        assert g["score"] == pytest.approx(w["score"], rel=1e-5)

@@ -2,24 +2,42 @@
 
 Callers in threads (`submit`, `__call__`) or asyncio (`infer`) hand in requests; one worker
 thread gathers the requests of one batch key (the pipeline's `batch_key` of their items, e.g.
-a text's sequence bucket, and the call options) until they hold `batch_size` items or the
-oldest has waited `batch_timeout_ms`, runs the pipeline once on all their items, and gives each
-caller its own rows.
+a text's sequence bucket, and a digest of the call options' contents) until they hold
+`batch_size` items or the oldest has waited `batch_timeout_ms`, runs the pipeline once on all
+their items, and gives each caller its own rows.
+
+The contract with a pipeline (pipelines/base.py): `run_items(items, **options)` returns one
+row per item. Serving checks the count, so that a pipeline that breaks it fails its batch
+with an error naming it instead of handing a caller another's rows. The worker never dies: an
+exception anywhere in a batch (the pipeline, `single`, a telemetry handler) fails only that
+batch's requests, each with its cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from transmuter import telemetry
-from transmuter.errors import InputError, Overloaded, ServingClosed
+from transmuter.errors import InputError, Overloaded, ServingClosed, TransmuterError
+
+_log = logging.getLogger(__name__)
+
+
+class ContractError(TransmuterError):
+    """A pipeline broke the Serving contract (pipelines/base.py): a row count other than one
+    per item. A defect of the pipeline, never of the request."""
 
 
 @dataclass
@@ -33,7 +51,7 @@ class _Request:
 
 
 class Serving:
-    """Batches concurrent requests to `pipeline` (any `transmuter.pipeline(...)` callable, or a
+    """Batches concurrent requests to `pipeline` (any `transmuter.pipeline(...)` task, or a
     function taking a list of items and returning a row per item).
 
     `batch_size`: items per pipeline call; `batch_timeout_ms`: how long the oldest request
@@ -57,13 +75,16 @@ class Serving:
                 f"got {batch_size}, {max_queue}, {batch_timeout_ms}"
             )
         self.pipeline = pipeline
+        self.name = getattr(pipeline, "__name__", None) or type(pipeline).__name__
         self.batch_size = batch_size
         self.batch_timeout = batch_timeout_ms / 1000
         self.max_queue = max_queue
         self.ready = False  # set by warmup()
         self._item_key = getattr(pipeline, "batch_key", None)
-        # A task (pipelines/base.py) answers a list of items with a result per item, and says
-        # what one item alone gets; a plain function is called on the list.
+        # A task (pipelines/base.py) splits a call's inputs into items (its `items` knows which
+        # values are one item), answers a list of items with a row per item and says what one
+        # item alone gets; a plain function is called on the list.
+        self._split = getattr(pipeline, "items", None) or _items
         self._run_items = getattr(pipeline, "run_items", pipeline)
         self._single = getattr(pipeline, "single", None) or (lambda result, item, options: result)
         self._lock = threading.Condition(threading.RLock())
@@ -80,9 +101,19 @@ class Serving:
 
     def submit(self, inputs: Any, **options: Any) -> Future:
         """Queue a request; its Future gives what `pipeline(inputs, **options)` would return.
-        Cancelling the Future before its batch starts takes it out of the queue."""
-        items, single = _items(inputs)
-        key = (_frozen(options), max(map(self._item_key, items)) if self._item_key else None)
+        Cancelling the Future before its batch starts takes it out of the queue. Refusals
+        (`Overloaded`, `ServingClosed`, an empty list) raise here; an item the pipeline's
+        `batch_key` cannot place gives a Future failed with that error."""
+        items, single = self._split(inputs)
+        try:
+            bucket = max(map(self._item_key, items)) if self._item_key else None
+            key = (digest(options), digest(bucket))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:  # this request's fault or the pipeline's: it alone fails
+            failed: Future = Future()
+            failed.set_exception(error)
+            return failed
         request = _Request(items, single, options, key)
         with self._lock:
             if self._closing:
@@ -147,7 +178,33 @@ class Serving:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            try:
+                self._run(batch)
+            except (KeyboardInterrupt, SystemExit) as error:
+                # Not the batch's failure but the process's: answer everyone, then stop (a
+                # thread re-raising it would stop nothing more).
+                self._fail([r for r in batch if not r.future.done()], error)
+                self._shut(error)
+                _log.error("the serving worker stopped: %r", error)
+                return
+            except BaseException as error:  # a defect outside the pipeline call: this batch
+                self._fail([r for r in batch if not r.future.done()], error)
+
+    def _shut(self, error: BaseException) -> None:
+        """The worker is stopping for good: refuse new requests and fail the queued ones."""
+        with self._lock:
+            self._closing = True
+            waiting = [r for queue in self._waiting.values() for r in queue]
+            self._waiting.clear()
+            self._queued = 0
+        closed = ServingClosed(f"the serving worker stopped: {type(error).__name__}")
+        self._fail([r for r in waiting if r.future.set_running_or_notify_cancel()], closed)
+
+    @staticmethod
+    def _fail(requests: list[_Request], error: BaseException) -> None:
+        for request in requests:
+            if not request.future.done():
+                request.future.set_exception(error)
 
     def _next_batch(self) -> list[_Request] | None:
         """The requests of the key whose oldest request came first, once they fill a batch or
@@ -183,42 +240,76 @@ class Serving:
             return
         items = [item for r in live for item in r.items]
         start = time.monotonic()
-        try:
-            rows, failed = self._run_items(items, **live[0].options), None
-        except Exception as error:
-            rows, failed = None, error
-        if telemetry.listening("transmuter.serving.batch"):
-            telemetry.emit(
-                "transmuter.serving.batch",
-                {"items": len(items), "requests": len(live),
-                 "duration": time.monotonic() - start, "queued": self._queued},
-                {"pipeline": type(self.pipeline).__name__, "failed": failed is not None},
-            )  # fmt: skip
+        rows, failed = self._rows(items, live[0].options)
+        self._emit(len(items), len(live), time.monotonic() - start, failed is not None)
         if failed is not None:
-            if len(live) == 1:
-                live[0].future.set_exception(failed)
+            if len(live) == 1 or isinstance(failed, (KeyboardInterrupt, SystemExit)):
+                self._fail(live, failed)
+                if isinstance(failed, (KeyboardInterrupt, SystemExit)):
+                    raise failed
             else:
                 for request in live:  # find the request that failed; the others succeed
                     self._run_alone(request)
             return
         at = 0
         for request in live:
-            mine = rows[at : at + len(request.items)]
+            self._answer(request, rows[at : at + len(request.items)])
             at += len(request.items)
-            request.future.set_result(self._answer(request, mine))
+
+    def _rows(self, items: list, options: dict) -> tuple[list | None, BaseException | None]:
+        """The pipeline's rows for `items`, checked against the contract, or its error."""
+        try:
+            rows = self._run_items(items, **options)
+            if not isinstance(rows, (Sequence, np.ndarray)) or isinstance(rows, (str, bytes)):
+                raise ContractError(
+                    f"{self.name} returned a {type(rows).__name__} for {len(items)} items; "
+                    "run_items must return a list with one row per item"
+                )
+            if len(rows) != len(items):
+                raise ContractError(
+                    f"{self.name} returned {len(rows)} rows for {len(items)} items; "
+                    "run_items must return one row per item"
+                )
+            return rows, None
+        except BaseException as error:  # noqa: B036 - anything the pipeline raises is its batch's
+            return None, error
+
+    def _emit(self, items: int, requests: int, duration: float, failed: bool) -> None:
+        if not telemetry.listening("transmuter.serving.batch"):
+            return
+        try:
+            telemetry.emit(
+                "transmuter.serving.batch",
+                {"items": items, "requests": requests, "duration": duration,
+                 "queued": self._queued},
+                {"pipeline": self.name, "failed": failed},
+            )  # fmt: skip
+        except Exception:  # a broken metric never costs an answer
+            _log.exception("the serving batch's telemetry failed")
 
     def _run_alone(self, request: _Request) -> None:
+        rows, failed = self._rows(request.items, request.options)
+        if failed is not None:
+            request.future.set_exception(failed)
+            if isinstance(failed, (KeyboardInterrupt, SystemExit)):
+                raise failed
+        else:
+            self._answer(request, rows)
+
+    def _answer(self, request: _Request, rows: Sequence) -> None:
+        """Hand `request` its rows (`single`'s answer for one item); an error there is its
+        own."""
         try:
-            rows = self._run_items(request.items, **request.options)
-        except Exception as error:
+            if request.single:
+                result = self._single(rows[0], request.items[0], request.options)
+            else:
+                result = rows
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
             request.future.set_exception(error)
         else:
-            request.future.set_result(self._answer(request, rows))
-
-    def _answer(self, request: _Request, rows: list) -> Any:
-        if not request.single:
-            return rows
-        return self._single(rows[0], request.items[0], request.options)
+            request.future.set_result(result)
 
 
 def _items(inputs: Any) -> tuple[list, bool]:
@@ -230,6 +321,55 @@ def _items(inputs: Any) -> tuple[list, bool]:
     return [inputs], True
 
 
-def _frozen(options: dict) -> Hashable:
-    """The options as a hashable key, so that only requests asking the same batch together."""
-    return tuple(sorted((k, repr(v)) for k, v in options.items()))
+def digest(value: Any) -> bytes:
+    """A stable digest of `value`'s contents, so that only requests asking the same batch
+    together: arrays by shape, dtype and a hash of their bytes (a repr abbreviates past 1,000
+    elements), mappings and sequences recursively, numbers by type and value. An object of
+    another kind is its own key (its identity), so it never shares a batch by mistake."""
+    hasher = hashlib.blake2b(digest_size=16)
+    _feed(hasher, value)
+    return hasher.digest()
+
+
+def _feed(hasher: Any, value: Any) -> None:
+    def tag(name: str, payload: bytes = b"") -> None:
+        hasher.update(name.encode() + b"\0" + struct.pack("<Q", len(payload)) + payload)
+
+    if value is None or isinstance(value, bool):
+        tag("const", repr(value).encode())
+    elif isinstance(value, int):
+        tag("int", str(value).encode())
+    elif isinstance(value, float):
+        tag("float", struct.pack("<d", value))
+    elif isinstance(value, str):
+        tag("str", value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        tag("bytes", bytes(value))
+    elif isinstance(value, np.generic):
+        _feed(hasher, np.asarray(value))
+    elif isinstance(value, np.ndarray):
+        tag("array", f"{value.dtype.str}{value.shape}".encode())
+        if value.dtype.hasobject:
+            for element in value.reshape(-1):
+                _feed(hasher, element)
+        else:
+            tag("data", hashlib.blake2b(np.ascontiguousarray(value).data).digest())
+    elif isinstance(value, Mapping):
+        tag("map", str(len(value)).encode())
+        for key in sorted(value, key=lambda k: (type(k).__name__, str(k))):
+            _feed(hasher, key)
+            _feed(hasher, value[key])
+    elif isinstance(value, (list, tuple)):
+        tag(type(value).__name__, str(len(value)).encode())
+        for element in value:
+            _feed(hasher, element)
+    elif _is_pil_image(value):
+        tag("image", f"{value.mode}{value.size}".encode())
+        tag("data", hashlib.blake2b(value.tobytes()).digest())
+    else:
+        tag("object", f"{type(value).__qualname__}:{id(value)}".encode())
+
+
+def _is_pil_image(value: Any) -> bool:
+    module = type(value).__module__
+    return module.startswith("PIL.") and hasattr(value, "tobytes") and hasattr(value, "mode")
