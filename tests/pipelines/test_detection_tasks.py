@@ -14,7 +14,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.vision.detection import padded_size
+from transmuter.pipelines.vision.processors import padded_size
 
 sys.path.insert(0, str(REPOS.parent))
 from detection_images import images  # noqa: E402  (the images the fixture was recorded on)
@@ -97,9 +97,9 @@ def test_bad_inputs(yolos, owlvit, tmp_path):
         yolos(np.zeros((32, 32), np.uint8))
     with pytest.raises(InputError, match="non-empty list"):
         yolos([])
-    with pytest.raises(InputError, match="candidate_labels must be a non-empty list"):
+    with pytest.raises(InputError, match="needs candidate_labels"):
         owlvit(images()[0])
-    with pytest.raises(InputError, match='has "image" and "candidate_labels"'):
+    with pytest.raises(InputError, match='has "image"'):
         owlvit([{"candidate_labels": ["cat"]}])
     with pytest.raises(InputError, match="pad_to_multiple_of needs an export taking pixel_mask"):
         transmuter.pipeline("object-detection", REPOS / "yolos", pad_to_multiple_of=32)
@@ -107,9 +107,9 @@ def test_bad_inputs(yolos, owlvit, tmp_path):
         transmuter.pipeline("object-detection", REPOS / "owlvit")
     with pytest.raises(ModelLoadError, match="zero-shot object detection supports owlvit"):
         transmuter.pipeline("zero-shot-object-detection", REPOS / "yolos")
-    with pytest.raises(InputError, match="top_k must be at least 1"):
+    with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
         owlvit(images()[0], ["cat"], top_k=0)
-    with pytest.raises(InputError, match="top_k must be a whole number of at least 1"):
+    with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
         yolos(images()[0], top_k=0)
     for name in ("config.json", "model.onnx"):
         shutil.copy(REPOS / "yolos" / name, tmp_path / name)

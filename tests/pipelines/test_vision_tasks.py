@@ -11,7 +11,7 @@ from frontend.test_hub import hub  # noqa: F401  (the loopback Hub fixture)
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.vision.image_tasks import resize_maps
+from transmuter.pipelines.vision.processors import resize_maps
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -67,14 +67,18 @@ def test_zero_shot_label_counts(zero_shot):
 
 def test_zero_shot_bad_inputs(zero_shot):
     name, classify = zero_shot
-    with pytest.raises(InputError, match="candidate_labels"):
-        classify(images(name)[0], candidate_labels="cat")
+    # One string is comma-separated labels, as base.py reads it for every task (this test
+    # refused it before; transformers would iterate the string's characters as labels).
+    one = classify(images(name)[0], candidate_labels="cat, dog")
+    assert one == classify(images(name)[0], candidate_labels=["cat", "dog"])
     with pytest.raises(InputError, match="candidate_labels"):
         classify(images(name)[0], candidate_labels=[])
     with pytest.raises(InputError, match="hypothesis_template"):
         classify(images(name)[0], candidate_labels=["cat"], hypothesis_template="{label}")
     with pytest.raises(InputError, match="non-empty list"):
         classify([], candidate_labels=["cat"])
+    with pytest.raises(InputError, match="needs candidate_labels"):
+        classify(images(name)[0])
 
 
 def test_zero_shot_needs_the_whole_model(tmp_path):

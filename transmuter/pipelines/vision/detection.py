@@ -2,9 +2,10 @@
 transformers' object-detection pipeline returns them (boxes in pixels of the original image,
 truncated to ints as it truncates them), for DETR, YOLOS and RT-DETR exports.
 
-Each family's image processor, from preprocessor_config.json:
+Each family's image processor (processors.py's `detr_family_pixels`), from
+preprocessor_config.json:
 - DETR: resize the shortest edge to `shortest_edge` unless that takes the longest past
-  `longest_edge` (images.py's `resized_size`), rescale, normalize; the export's pixel_mask is all
+  `longest_edge` (processors.py's `resized_size`), rescale, normalize; the export's pixel_mask is all
   ones (an image alone fills its input).
 - YOLOS: the same resize, each side then floored to a multiple of 16 (its processor's rule).
 - RT-DETR: resize to {"height", "width"}, rescale (normalization off in its configs).
@@ -44,30 +45,23 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.base import id2label
+from transmuter.pipelines.base import id2label, positive_int
+from transmuter.pipelines.base import threshold as threshold_option
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.processors import load_image, preprocess, resized_size
+from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.processors import (
+    DETR_FAMILY_DEFAULTS,
+    detr_family_pixels,
+    load_image,
+    padded_size,
+)
 
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
 # model_type -> (processor, scoring).
 FAMILIES = {
     "detr": ("detr", "softmax"),
     "yolos": ("yolos", "softmax"),
     "rt_detr": ("rt_detr", "sigmoid"),
-}
-# The processors' defaults, for keys a preprocessor_config.json omits.
-DETR_DEFAULTS = {
-    "image_mean": IMAGENET_MEAN,
-    "image_std": IMAGENET_STD,
-    "resample": 2,
-    "size": {"shortest_edge": 800, "longest_edge": 1333},
-}
-PROCESSOR_DEFAULTS = {
-    "detr": DETR_DEFAULTS,
-    "yolos": DETR_DEFAULTS,
-    "rt_detr": {"do_normalize": False, "size": {"height": 640, "width": 640}, "resample": 2},
-    "mask2former": {**DETR_DEFAULTS, "size_divisor": 32},
 }
 
 
@@ -76,7 +70,7 @@ class DetrFamilyModel:
     processors' defaults), run one image at a time at its resized size (padded as
     `padded_size` says): pixel_values (and pixel_mask where the export takes it) in, the
     `outputs` named out; a program per input size, the `cache_size` most recent kept.
-    `processors` maps the model_types supported to their processor (PROCESSOR_DEFAULTS' keys).
+    `processors` maps the model_types supported to their processor (processors.py's DETR_FAMILY_DEFAULTS' keys).
     What object-detection and image-segmentation (DETR, Mask2Former) share."""
 
     def __init__(
@@ -89,9 +83,7 @@ class DetrFamilyModel:
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
-        if cache_size < 1:
-            raise InputError(f"cache_size must be at least 1; got {cache_size}")
-        self.repo, self.cache_size = repo, cache_size
+        self.repo, self.cache_size = repo, positive_int(cache_size, "cache_size")
         self.model = repo.model("model")
         inputs, found = self.model.inputs, self.model.outputs
         if inputs == ["input"] and {"dets", "labels"} <= set(found):
@@ -123,34 +115,21 @@ class DetrFamilyModel:
             )
         self.outputs = outputs
         self.masked = "pixel_mask" in inputs
-        if pad_to_multiple_of is not None and (pad_to_multiple_of < 1 or not self.masked):
+        if pad_to_multiple_of is not None:
+            pad_to_multiple_of = positive_int(pad_to_multiple_of, "pad_to_multiple_of")
+        if pad_to_multiple_of is not None and not self.masked:
             raise InputError(
                 "pad_to_multiple_of needs an export taking pixel_mask (so that the padding is "
                 f"masked) and a multiple of at least 1; got {pad_to_multiple_of} for inputs "
                 f"{inputs}"
             )
         self.multiple = pad_to_multiple_of
-        self.config = {**PROCESSOR_DEFAULTS[self.processor], **repo.preprocessor_config}
+        self.config = {**DETR_FAMILY_DEFAULTS[self.processor], **repo.preprocessor_config}
         self._compiled = None
 
     def pixels(self, image: Any) -> np.ndarray:
         """The family's processor: float32 [3, height, width] for one image."""
-        image = load_image(image)
-        config = dict(self.config)
-        if config.get("do_resize", True):
-            wanted = config["size"]
-            if self.processor != "rt_detr":
-                wanted = _detr_size(wanted, config.get("max_size", 1333))
-            resize = _yolos_resized if self.processor == "yolos" else resized_size
-            width, height = resize(image.size, wanted)
-            if self.processor == "mask2former":
-                # Mask2FormerImageProcessor resizes to sides rounded up to a multiple (older
-                # configs call it size_divisibility).
-                divisor = int(config.get("size_divisibility", config["size_divisor"]) or 0)
-                if divisor:
-                    width, height = (-(-n // divisor) * divisor for n in (width, height))
-            config["size"] = {"height": height, "width": width}
-        return preprocess(image, config)
+        return detr_family_pixels(image, self.processor, self.config)
 
     def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
         """The outputs named in `outputs` for one image's pixels, without the batch dim."""
@@ -167,27 +146,9 @@ class DetrFamilyModel:
         return {name: np.asarray(found[name], np.float32)[0] for name in self.outputs}
 
 
-def padded_size(
-    config: Mapping[str, Any], multiple: int | None, height: int, width: int
-) -> tuple[int, int]:
-    """The input size an image resized to (height, width) runs at: the processor's `pad_size`
-    where its config sets one (transformers pads every image to it), else rounded up to
-    `multiple` (pad_to_multiple_of), else its own."""
-    pad_size = config.get("pad_size")
-    if pad_size and config.get("do_pad", True):
-        if pad_size["height"] < height or pad_size["width"] < width:
-            raise InputError(
-                f"an image resized to {height} x {width} is larger than the processor's "
-                f"pad_size {pad_size['height']} x {pad_size['width']}"
-            )
-        return pad_size["height"], pad_size["width"]
-    if multiple:
-        return -(-height // multiple) * multiple, -(-width // multiple) * multiple
-    return height, width
-
-
-class ObjectDetection(DetrFamilyModel):
-    """Detect objects in images (numpy HWC arrays, Pillow images or paths; one or a list):
+class ObjectDetection(DetrFamilyModel, ImageTask):
+    """Detect objects in images (paths, Pillow images or numpy arrays; one, a list or a
+    generator):
     per image, [{"score", "label", "box": {"xmin", "ymin", "xmax", "ymax"}}] for the
     detections scoring above `threshold` (transformers' default 0.5), in the family's order as
     transformers lists them; with `top_k`, the `top_k` best of those, best first. Both also per
@@ -202,8 +163,8 @@ class ObjectDetection(DetrFamilyModel):
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
-        self.threshold = threshold
-        self.top_k = _top_k(top_k)
+        self.threshold = threshold_option(threshold)
+        self.top_k = top_k_option(top_k, none=True)
         super().__init__(
             repo,
             "object detection",
@@ -218,23 +179,19 @@ class ObjectDetection(DetrFamilyModel):
             # best class per query (its post-processor's top-k then keeps every query).
             self.scoring = "softmax"
 
-    def __call__(
-        self, inputs: Any, *, threshold: float | None = None, top_k: int | None = None
-    ) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [inputs] if single else list(inputs)
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        threshold = self.threshold if threshold is None else threshold
-        top_k = self.top_k if top_k is None else _top_k(top_k)
+    def run_items(
+        self, items: list, *, threshold: float | None = None, top_k: int | None = None
+    ) -> list:
+        threshold = self.threshold if threshold is None else threshold_option(threshold)
+        top_k = self.top_k if top_k is None else top_k_option(top_k)
         results = []
-        for image in images:
+        for image in items:
             image = load_image(image)
             found = self.run(self.pixels(image))
             results.append(
                 self._detections(found["logits"], found["pred_boxes"], image.size, threshold, top_k)
             )
-        return results[0] if single else results
+        return results
 
     def _detections(
         self,
@@ -271,12 +228,6 @@ class ObjectDetection(DetrFamilyModel):
         return scores[best], best % classes, corners[best // classes]
 
 
-def _top_k(top_k: int | None) -> int | None:
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise InputError(f"top_k must be a whole number of at least 1; got {top_k!r}")
-    return top_k
-
-
 def corners_scaled(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Relative (cx, cy, w, h) boxes as (x0, y0, x1, y1) in pixels of a (width, height)
     image, in float32 as transformers computes them (its ints truncate these)."""
@@ -290,40 +241,3 @@ def corners_scaled(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 def box_dict(corners: np.ndarray) -> dict[str, int]:
     xmin, ymin, xmax, ymax = (int(v) for v in np.trunc(corners))
     return {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax}
-
-
-def _detr_size(size: Any, max_size: int) -> dict[str, int]:
-    """DETR's and YOLOS's `size` as their processors read it: an int (older configs, as
-    facebook/detr-resnet-50's `"size": 800, "max_size": 1333`) is the shortest edge, capped by
-    `max_size`; a dict gives shortest and longest edges, or a height and width."""
-    if isinstance(size, int):
-        return {"shortest_edge": size, "longest_edge": int(max_size)}
-    if {"shortest_edge", "longest_edge"} <= set(size) or {"height", "width"} <= set(size):
-        return size
-    raise ModelLoadError(
-        f"preprocessor_config.json: a DETR or YOLOS size of {dict(size)} is not supported (give "
-        "shortest_edge and longest_edge, or height and width)"
-    )
-
-
-def _yolos_resized(size: tuple[int, int], wanted: Mapping[str, Any]) -> tuple[int, int]:
-    """(width, height) after YOLOS's resize: DETR's shortest / longest edge rule, except that
-    a portrait image always scales (the check for an unchanged size comes second), and each
-    side floored to a multiple of 16."""
-    if not ("shortest_edge" in wanted and "longest_edge" in wanted):
-        return resized_size(size, wanted)
-    width, height = size
-    shortest, longest = int(wanted["shortest_edge"]), int(wanted["longest_edge"])
-    short, long = float(min(width, height)), float(max(width, height))
-    exact = None
-    if long / short * shortest > longest:
-        exact = longest * short / long
-        shortest = int(round(exact))
-    scale = exact if exact is not None else shortest
-    if width < height:
-        new_width, new_height = shortest, int(scale * height / width)
-    elif min(width, height) == shortest:
-        new_width, new_height = width, height
-    else:
-        new_width, new_height = int(scale * width / height), shortest
-    return new_width - new_width % 16, new_height - new_height % 16

@@ -10,7 +10,7 @@ forward per label with the image; a query's score is the sigmoid of its largest 
 prompt's tokens ([CLS] and [SEP] included, the padding at -inf), kept above `threshold`; boxes
 from relative (center, size) to corners in pixels of the original image, unclamped; every
 label's detections in label order, then sorted by score (stably), the `top_k` best.
-The image processor is DETR's (images.py): resize the shortest edge to `shortest_edge` unless
+The image processor is DETR's (processors.py): resize the shortest edge to `shortest_edge` unless
 that takes the longest past `longest_edge`, rescale, normalize; an image alone is not padded
 (pixel_mask all ones) unless preprocessor_config.json sets a `pad_size`.
 
@@ -50,15 +50,15 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import positive_int
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.detection import (
-    DETR_DEFAULTS,
-    _detr_size,
-    box_dict,
-    corners_scaled,
+from transmuter.pipelines.vision.detection import box_dict, corners_scaled
+from transmuter.pipelines.vision.processors import (
+    DETR_FAMILY_DEFAULTS,
+    detr_family_pixels,
+    load_image,
     padded_size,
 )
-from transmuter.pipelines.vision.processors import load_image, preprocess, resized_size
 
 # transformers' SPECIAL_TOKENS in modeling_grounding_dino: bert-base-uncased's [CLS], [SEP],
 # "." and "?", the phrase delimiters the model's text masks are built from.
@@ -80,10 +80,8 @@ class GroundingDino:
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
-        if batch_size < 1 or cache_size < 1:
-            raise InputError(
-                f"batch_size and cache_size must be at least 1; got {batch_size}, {cache_size}"
-            )
+        batch_size = positive_int(batch_size, "batch_size")
+        cache_size = positive_int(cache_size, "cache_size")
         self.repo, self.batch_size, self.cache_size = repo, batch_size, cache_size
         self.model = repo.model("model")
         inputs, outputs = set(self.model.inputs), set(self.model.outputs)
@@ -94,9 +92,9 @@ class GroundingDino:
                 f"{', '.join(OPTIONAL)}) and reads logits and pred_boxes; the model takes "
                 f"{self.model.inputs} and gives {self.model.outputs}"
             )
-        if pad_to_multiple_of is not None and (
-            pad_to_multiple_of < 1 or "pixel_mask" not in self.model.inputs
-        ):
+        if pad_to_multiple_of is not None:
+            pad_to_multiple_of = positive_int(pad_to_multiple_of, "pad_to_multiple_of")
+        if pad_to_multiple_of is not None and "pixel_mask" not in self.model.inputs:
             raise InputError(
                 "pad_to_multiple_of needs an export taking pixel_mask (so that the padding is "
                 f"masked) and a multiple of at least 1; got {pad_to_multiple_of} for inputs "
@@ -109,7 +107,7 @@ class GroundingDino:
                 f"{repo.source}: zero-shot object detection needs preprocessor_config.json (the "
                 f"image processor's size and normalization); found {repo.found}"
             )
-        self.config = {**DETR_DEFAULTS, **repo.preprocessor_config}
+        self.config = {**DETR_FAMILY_DEFAULTS["grounding-dino"], **repo.preprocessor_config}
         self.max_text_len = int(repo.config.get("max_text_len", 256))
         cls = self.tokenizer.token_to_id("[CLS]")
         self.pad_id = cls if cls in DELIMITERS else None  # None: no text buckets
@@ -117,13 +115,7 @@ class GroundingDino:
 
     def pixels(self, image: Any) -> np.ndarray:
         """The image processor's pixel_values: float32 [3, height, width] for one image."""
-        image = load_image(image)
-        config = dict(self.config)
-        if config.get("do_resize", True):
-            wanted = _detr_size(config["size"], config.get("max_size", 1333))
-            width, height = resized_size(image.size, wanted)
-            config["size"] = {"height": height, "width": width}
-        return preprocess(image, config)
+        return detr_family_pixels(image, "grounding-dino", self.config)
 
     def detect(
         self, image: Any, labels: list[str], threshold: float, top_k: int | None

@@ -1,5 +1,7 @@
-"""The image-classification task: images in, [{"label", "score"}] out, as transformers'
-pipeline returns them, with processors.py's preprocessing."""
+"""The image-classification task: images in, [{"label", "score"}] out per image, as
+transformers' pipeline returns them, with processors.py's preprocessing. Every image is resized
+to the processor's one size, so only the batch dim varies: bucketed to powers of two up to
+`batch_size`."""
 
 from __future__ import annotations
 
@@ -7,47 +9,53 @@ from typing import Any
 
 import numpy as np
 
-import transmuter
-from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.base import id2label, sigmoid, softmax
+from transmuter.pipelines.base import SCORES, choice, id2label, ranked
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.vision.image_tasks import ImageTask, PixelModel
 from transmuter.pipelines.vision.processors import preprocess
 
 
-class ImageClassification:
-    """Classify images: numpy arrays (height, width, channels; uint8, or floats in [0, 1])
-    or Pillow images, one or a list. The `top_k` best labels of config.json's id2label with
-    softmax scores (a sigmoid for multi-label configs), as a list per image."""
+class ImageClassification(ImageTask):
+    """Classify images (paths, Pillow images or numpy arrays of height, width, channels: uint8,
+    or floats in [0, 1]): per image the `top_k` (default 5) best labels of config.json's
+    id2label, best first. `function_to_apply` ("softmax", "sigmoid" or "none") defaults as
+    transformers chooses it: a sigmoid for multi-label configs or a single label, else a
+    softmax. Both also per call."""
 
-    def __init__(self, repo: Repo, *, top_k: int = 5, batch_size: int = 8):
-        if batch_size < 1 or top_k < 1:
-            raise InputError(f"top_k and batch_size must be at least 1; got {top_k}, {batch_size}")
-        self.repo, self.top_k, self.batch_size = repo, top_k, batch_size
-        self.model = repo.model("model")
-        if "pixel_values" not in self.model.inputs or len(self.model.inputs) != 1:
-            raise ModelLoadError(
-                f"{repo.source}: image classification feeds pixel_values; the model takes "
-                f"{self.model.inputs}"
-            )
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        top_k: int = 5,
+        function_to_apply: str | None = None,
+        batch_size: int = 8,
+    ):
+        self.repo = repo
+        self.model = PixelModel(repo, "model", "image-classification", batch_size)
+        self.batch_size = self.model.batch_size
         self.config = repo.preprocessor_config
-        self.sigmoid = repo.config.get("problem_type") == "multi_label_classification"
-        self._compiled = None
+        self.top_k = top_k_option(top_k)
+        labels = repo.config.get("num_labels") or len(repo.config.get("id2label") or {})
+        multi = repo.config.get("problem_type") == "multi_label_classification"
+        self.function = "sigmoid" if multi or labels == 1 else "softmax"
+        if function_to_apply is not None:
+            self.function = choice(function_to_apply, "function_to_apply", SCORES)
 
-    def __call__(self, inputs: Any, *, top_k: int | None = None) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [inputs] if single else list(inputs)
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        pixels = np.stack([preprocess(image, self.config) for image in images])
+    @property
+    def _compiled(self) -> Any:
+        return self.model._compiled
+
+    def run_items(
+        self, items: list, *, top_k: int | None = None, function_to_apply: str | None = None
+    ) -> list:
+        top_k = self.top_k if top_k is None else top_k_option(top_k)
+        function = self.function
+        if function_to_apply is not None:
+            function = choice(function_to_apply, "function_to_apply", SCORES)
+        rows = self.model.run([preprocess(image, self.config) for image in items])
         results = []
-        for start in range(0, len(pixels), self.batch_size):
-            chunk = {"pixel_values": pixels[start : start + self.batch_size]}
-            if self._compiled is None:
-                self._compiled = transmuter.compile(self.model, chunk)
-            logits = np.asarray(self._compiled(chunk)["logits"], np.float32)
-            for row in logits:
-                scores = sigmoid(row) if self.sigmoid else softmax(row)
-                labels = id2label(self.repo.config, len(scores))
-                order = np.argsort(-scores, kind="stable")[: top_k or self.top_k]
-                results.append([{"label": labels[i], "score": float(scores[i])} for i in order])
-        return results[0] if single else results
+        for row in rows:
+            scores = SCORES[function](np.asarray(row["logits"], np.float32))
+            results.append(ranked(scores, id2label(self.repo.config, len(scores)), top_k))
+        return results

@@ -1,10 +1,13 @@
 """The image-feature-extraction task (ViT, DINOv2, CLIP's vision tower): images in, the model's
-first output (or its pooler_output with `pool=True`) out per image, as transformers' pipeline
+first output (or its pooled output with `pool=True`) out per image, as transformers' pipeline
 returns it: nested lists with a leading batch dim of 1, or arrays with `return_tensors=True`.
 
 Optimum's model.onnx, or transformers.js's onnx/vision_model.onnx where a repo has the towers
-(CLIP: image_embeds first). The processor is images.py's (one size per repo), so only the
-batch dim varies: bucketed to powers of two up to `batch_size`."""
+(CLIP: image_embeds first). `pool=True` reads the export's pooler_output; where the export has
+none, the families whose pooled output follows from last_hidden_state (processors.py's
+POOLING: DINOv2's layer-normed CLS token, Swin's mean) derive it, and others are refused. The
+processor resizes every image to one size, so only the batch dim varies: bucketed to powers
+of two up to `batch_size`."""
 
 from __future__ import annotations
 
@@ -14,16 +17,17 @@ import numpy as np
 
 from transmuter.errors import InputError
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.image_tasks import PixelModel, image_list
-from transmuter.pipelines.vision.processors import preprocess
+from transmuter.pipelines.vision.image_tasks import ImageTask, PixelModel
+from transmuter.pipelines.vision.processors import POOLING, pooled, preprocess
 
 POOLED = "pooler_output"
+HIDDEN = "last_hidden_state"
 
 
-class ImageFeatureExtraction:
-    """Features of images (numpy arrays, Pillow images or paths; one or a list): per image the
-    model's first output as nested lists [1, ...] (`pool=True`: its pooler_output;
-    `return_tensors=True`: float32 arrays instead of lists)."""
+class ImageFeatureExtraction(ImageTask):
+    """Features of images (paths, Pillow images or numpy arrays; one, a list or a generator):
+    per image the model's first output as nested lists [1, ...] (`pool=True`: its pooled
+    output; `return_tensors=True`: float32 arrays instead of lists). Both also per call."""
 
     def __init__(
         self, repo: Repo, *, pool: bool = False, return_tensors: bool = False, batch_size: int = 8
@@ -32,24 +36,38 @@ class ImageFeatureExtraction:
             "model" if "model" in repo.onnx or "vision_model" not in repo.onnx else "vision_model"
         )
         self.model = PixelModel(repo, role, "image-feature-extraction", batch_size)
+        self.batch_size = self.model.batch_size
+        self.family = repo.config.get("model_type")
         self.images = repo.preprocessor_config
-        self.pool, self.return_tensors = pool, return_tensors
+        self.pool, self.return_tensors = bool(pool), bool(return_tensors)
+        if self.pool:
+            self._check_pool()
 
-    def __call__(
-        self, inputs: Any, *, pool: bool | None = None, return_tensors: bool | None = None
-    ) -> Any:
-        pool = self.pool if pool is None else pool
-        return_tensors = self.return_tensors if return_tensors is None else return_tensors
+    def _check_pool(self) -> None:
         outputs = self.model.model.outputs
-        if pool and POOLED not in outputs:
-            raise InputError(
-                f"pool=True takes the model's {POOLED}, and it has none (its outputs are "
-                f"{outputs}); use pool=False"
-            )
-        images, single = image_list(inputs)
-        name = POOLED if pool else outputs[0]
-        rows = self.model.run([preprocess(image, self.images) for image in images])
-        features = [row[name][None].astype(np.float32) for row in rows]
-        if not return_tensors:
-            features = [f.tolist() for f in features]
-        return features[0] if single else features
+        if POOLED in outputs or (self.family in POOLING and HIDDEN in outputs):
+            return
+        raise InputError(
+            f"pool=True takes the model's {POOLED}; this export has none (its outputs are "
+            f"{outputs}), and a {self.family!r} model pools with weights of its own, so it "
+            f"cannot be derived from {HIDDEN} (that is done for {', '.join(POOLING)}); use "
+            "pool=False"
+        )
+
+    def run_items(
+        self, items: list, *, pool: bool | None = None, return_tensors: bool | None = None
+    ) -> list:
+        pool = self.pool if pool is None else bool(pool)
+        return_tensors = self.return_tensors if return_tensors is None else bool(return_tensors)
+        if pool:
+            self._check_pool()
+        outputs = self.model.model.outputs
+        rows = self.model.run([preprocess(image, self.images) for image in items])
+        if not pool:
+            features = [row[outputs[0]][None] for row in rows]
+        elif POOLED in outputs:
+            features = [row[POOLED][None] for row in rows]
+        else:
+            features = [pooled(row[HIDDEN][None], self.family) for row in rows]
+        features = [np.asarray(f, np.float32) for f in features]
+        return features if return_tensors else [f.tolist() for f in features]

@@ -36,10 +36,11 @@ import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.base import id2label
+from transmuter.pipelines.base import threshold as threshold_option
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.vision.detection import DetrFamilyModel
-from transmuter.pipelines.vision.image_tasks import PixelModel, image_list, resize_maps
-from transmuter.pipelines.vision.processors import load_image, preprocess
+from transmuter.pipelines.vision.image_tasks import ImageTask, PixelModel
+from transmuter.pipelines.vision.processors import load_image, preprocess, resize_maps
 
 # The subtasks each image processor's post-processing gives, in the order the pipeline tries them.
 SUBTASKS = {
@@ -60,8 +61,8 @@ QUERY_MODELS = {
 }
 
 
-class ImageSegmentation:
-    """Segment images (numpy arrays, Pillow images or paths; one or a list): a list of
+class ImageSegmentation(ImageTask):
+    """Segment images (paths, Pillow images or numpy arrays; one, a list or a generator): a list of
     {"score", "label", "mask"} per image. `subtask`: None (the processor's first of panoptic,
     instance, semantic) or one it has; `threshold`, `mask_threshold` and
     `overlap_mask_area_threshold` as transformers' pipeline passes them to panoptic and instance
@@ -88,12 +89,15 @@ class ImageSegmentation:
         self.processor = processor
         self.subtasks = SUBTASKS[processor]
         self.subtask = self._subtask(subtask)
-        self.options = {
-            "threshold": threshold,
-            "mask_threshold": mask_threshold,
-            "overlap_mask_area_threshold": overlap_mask_area_threshold,
-        }
+        self.options = _thresholds(
+            {
+                "threshold": threshold,
+                "mask_threshold": mask_threshold,
+                "overlap_mask_area_threshold": overlap_mask_area_threshold,
+            }
+        )
         self.repo = repo
+        self.batch_size = 1
         if processor in QUERY_MODELS:
             model_type, classes, masks, self.first = QUERY_MODELS[processor]
             self.outputs = classes, masks
@@ -106,6 +110,7 @@ class ImageSegmentation:
             )
             return
         self.model = PixelModel(repo, "model", "image-segmentation", batch_size)
+        self.batch_size = self.model.batch_size
         if "logits" not in self.model.model.outputs:
             raise ModelLoadError(f"{repo.source}: the model has no output 'logits'")
 
@@ -125,15 +130,15 @@ class ImageSegmentation:
             )
         return subtask
 
-    def __call__(
+    def run_items(
         self,
-        inputs: Any,
+        items: list,
         *,
         subtask: str | None = None,
         threshold: float | None = None,
         mask_threshold: float | None = None,
         overlap_mask_area_threshold: float | None = None,
-    ) -> Any:
+    ) -> list:
         subtask = self.subtask if subtask is None else self._subtask(subtask)
         given = {
             "threshold": threshold,
@@ -141,17 +146,16 @@ class ImageSegmentation:
             "overlap_mask_area_threshold": overlap_mask_area_threshold,
         }
         options = {k: self.options[k] if v is None else v for k, v in given.items()}
-        images, single = image_list(inputs)
-        images = [load_image(image) for image in images]
+        options = _thresholds(options)
+        images = [load_image(image) for image in items]
         if isinstance(self.model, DetrFamilyModel):
             rows = [self.model.run(self.model.pixels(image)) for image in images]
         else:
             rows = self.model.run([preprocess(image, self.images) for image in images])
-        results = [
+        return [
             self._segments(row, (image.height, image.width), subtask, options)
             for image, row in zip(images, rows)
         ]
-        return results[0] if single else results
 
     def _segments(
         self,
@@ -221,6 +225,10 @@ class ImageSegmentation:
                     }
                 )
         return segments
+
+
+def _thresholds(options: dict[str, Any]) -> dict[str, float]:
+    return {name: threshold_option(value, name) for name, value in options.items()}
 
 
 def _mask(inside: np.ndarray) -> Any:

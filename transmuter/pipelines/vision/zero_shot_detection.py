@@ -10,10 +10,10 @@ with every label gives the same scores, and the image tower runs once per image.
 graph runs both towers on every call: the image half is not reused across calls with other
 labels (that needs the towers exported apart).
 
-Processors (preprocessor_config.json): OWL-ViT resizes to {"height", "width"} (bicubic),
-rescales and normalizes (images.py); OWLv2 rescales, pads to a square at the bottom and right
-with zeros, resizes with its Gaussian anti-aliasing and linear zoom (scipy.ndimage, as
-transformers does) and normalizes. Post-processing: a sigmoid of each label's logit per box,
+Processors (preprocessor_config.json; processors.py's `owl_pixels`): OWL-ViT resizes to
+{"height", "width"} (bicubic), rescales and normalizes; OWLv2 rescales, pads to a square at the
+bottom and right with zeros, resizes with its Gaussian anti-aliasing and linear zoom (in numpy,
+as transformers does with scipy.ndimage) and normalizes. Post-processing: a sigmoid of each label's logit per box,
 kept above `threshold`; boxes from relative (center, size) to corners, scaled by the image's
 width and height (OWL-ViT) or by its longer side (OWLv2: boxes are relative to the padded
 square).
@@ -29,36 +29,43 @@ label-count bucket (1, 2, 4, 8, ... labels).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import candidate_labels as candidate_labels_option
+from transmuter.pipelines.base import is_labels, per_item, positive_int
+from transmuter.pipelines.base import threshold as threshold_option
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.vision.detection import box_dict, corners_scaled
 from transmuter.pipelines.vision.grounding_dino import GroundingDino
-from transmuter.pipelines.vision.processors import load_image, preprocess
+from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.processors import (
+    OWL_DEFAULTS,
+    is_image,
+    load_image,
+    owl_box_frame,
+    owl_pixels,
+)
 
-CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-PROCESSOR_DEFAULTS = {
-    "owlvit": {"image_mean": CLIP_MEAN, "image_std": CLIP_STD, "resample": 3},
-    "owlv2": {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
-}
-DEFAULT_SIZES = {"owlvit": 768, "owlv2": 960}
-FAMILIES = (*PROCESSOR_DEFAULTS, "grounding-dino")
+FAMILIES = (*OWL_DEFAULTS, "grounding-dino")
 INPUTS = ("input_ids", "pixel_values", "attention_mask")
 
 
-class ZeroShotObjectDetection:
-    """Find `candidate_labels` (a list, or one comma-separated string) in images: an image
-    with `candidate_labels=`, a list of images sharing them, or {"image", "candidate_labels"}
-    dicts. Per image the detections scoring above `threshold` (default 0.1) for any label,
-    best first, the `top_k` best where given. `batch_size`: Grounding DINO's labels per forward
-    (OWL-ViT and OWLv2 take every label in one); `pad_to_multiple_of`: Grounding DINO's image
-    buckets (grounding_dino.py; OWL resizes every image to one size)."""
+class ZeroShotObjectDetection(ImageTask):
+    """Find `candidate_labels` (a list, or one comma-separated string) in images, as
+    transformers' pipeline takes them: an image with `candidate_labels=` (or second
+    positionally; `text_queries=` as an older name), a list of images with one set of labels
+    for all or a list of label lists, one per image (zipped, as transformers zips them), a
+    {"image", "candidate_labels"} dict or a list or generator of them. Per image the detections
+    scoring above `threshold` (default 0.1) for any label, best first, the `top_k` best where
+    given. `batch_size`: Grounding DINO's labels per forward (OWL-ViT and OWLv2 take every label
+    in one); `pad_to_multiple_of`: Grounding DINO's image buckets (grounding_dino.py; OWL
+    resizes every image to one size)."""
 
     def __init__(
         self,
@@ -70,9 +77,9 @@ class ZeroShotObjectDetection:
         pad_to_multiple_of: int | None = None,
         cache_size: int = 8,
     ):
-        if cache_size < 1 or (top_k is not None and top_k < 1):
-            raise InputError(f"top_k and cache_size must be at least 1; got {top_k}, {cache_size}")
-        self.repo, self.threshold, self.top_k, self.cache_size = repo, threshold, top_k, cache_size
+        self.repo, self.threshold = repo, threshold_option(threshold)
+        self.top_k = top_k_option(top_k, none=True)
+        self.cache_size = positive_int(cache_size, "cache_size")
         self.family = repo.config.get("model_type")
         if self.family not in FAMILIES:
             raise ModelLoadError(
@@ -108,44 +115,58 @@ class ZeroShotObjectDetection:
                 f"{repo.source}: zero-shot object detection needs preprocessor_config.json (the "
                 f"image processor's size and normalization); found {repo.found}"
             )
-        self.config = {**PROCESSOR_DEFAULTS[self.family], **repo.preprocessor_config}
-        side = DEFAULT_SIZES[self.family]
-        self.config.setdefault("size", {"height": side, "width": side})
+        self.config = {**OWL_DEFAULTS[self.family], **repo.preprocessor_config}
         text = repo.config.get("text_config") or {}
         self.positions = int(text.get("max_position_embeddings", 16))
         self._compiled = None
 
-    def __call__(
+    def is_item(self, value: Any) -> bool:
+        return is_image(value) or isinstance(value, Mapping)
+
+    def describe_items(self) -> str:
+        return (
+            'give an image (a path, a Pillow image or a numpy array), an {"image", '
+            '"candidate_labels"} dict, a non-empty list of either or a generator of them'
+        )
+
+    def __call__(self, inputs: Any, *args: Any, **options: Any) -> Any:
+        if "text_queries" in options:  # transformers' older name
+            if "candidate_labels" in options:
+                raise InputError("give candidate_labels or text_queries, not both")
+            options["candidate_labels"] = options.pop("text_queries")
+        if len(args) > 1:
+            raise InputError(f"give images and candidate_labels; got {len(args) + 1} arguments")
+        if args:
+            if "candidate_labels" in options:
+                raise InputError("candidate_labels given twice: positionally and by name")
+            options["candidate_labels"] = args[0]
+        return super().__call__(inputs, **options)
+
+    def run_items(
         self,
-        inputs: Any,
-        candidate_labels: str | Sequence[str] | None = None,
+        items: list,
         *,
+        candidate_labels: Any = None,
         threshold: float | None = None,
         top_k: int | None = None,
-    ) -> Any:
-        requests, single = _requests(inputs, candidate_labels)
-        threshold = self.threshold if threshold is None else threshold
-        if top_k is not None and top_k < 1:
-            raise InputError(f"top_k must be at least 1; got {top_k}")
-        top_k = top_k or self.top_k
+    ) -> list:
+        threshold = self.threshold if threshold is None else threshold_option(threshold)
+        top_k = self.top_k if top_k is None else top_k_option(top_k)
         results = []
-        for image, labels in requests:
+        for image, labels in _requests(items, candidate_labels):
             if self.grounding is not None:
                 results.append(self.grounding.detect(image, labels, threshold, top_k))
                 continue
             image = load_image(image)
             logits, boxes = self._run(self.pixels(image), labels)
             results.append(self._detections(logits, boxes, labels, image.size, threshold, top_k))
-        return results[0] if single else results
+        return results
 
     def pixels(self, image: Any) -> np.ndarray:
         """The family's processor: float32 [3, height, width] for one image."""
         if self.grounding is not None:
             return self.grounding.pixels(image)
-        image = load_image(image)
-        if self.family == "owlvit":
-            return preprocess(image, self.config)
-        return _owlv2_pixels(np.asarray(image), self.config)
+        return owl_pixels(image, self.family, self.config)
 
     def _run(self, pixels: np.ndarray, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encodings = self.tokenizer.encode_batch(labels)
@@ -171,10 +192,7 @@ class ZeroShotObjectDetection:
 
     def _detections(self, logits, boxes, labels, size, threshold, top_k) -> list[dict]:
         scores = (1 / (1 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
-        if self.family == "owlv2":
-            side = max(size)
-            size = (side, side)
-        corners = corners_scaled(boxes, size)
+        corners = corners_scaled(boxes, owl_box_frame(self.family, size))
         found = [
             {"score": float(scores[i, j]), "label": label, "box": box_dict(corners[i])}
             for j, label in enumerate(labels)
@@ -184,62 +202,29 @@ class ZeroShotObjectDetection:
         return found[:top_k] if top_k else found
 
 
-def _requests(inputs: Any, labels: Any) -> tuple[list[tuple[Any, list[str]]], bool]:
-    """(image, labels) pairs, and whether one image (not a list) was given."""
-    if isinstance(inputs, Mapping):
-        return [_request(inputs.get("image"), inputs.get("candidate_labels"), inputs)], True
-    if isinstance(inputs, (list, tuple)):
-        if not inputs:
-            raise InputError("give an image or a non-empty list of them")
-        return [
-            _request(i.get("image"), i.get("candidate_labels"), i)
-            if isinstance(i, Mapping)
-            else _request(i, labels)
-            for i in inputs
-        ], False
-    return [_request(inputs, labels)], True
-
-
-def _request(image: Any, labels: Any, given: Any = None) -> tuple[Any, list[str]]:
-    if image is None:
-        raise InputError(f'a request dict has "image" and "candidate_labels"; got {given!r}')
-    if isinstance(labels, str):
-        labels = labels.split(",")  # as transformers' pipeline splits one string
-    if (
-        not isinstance(labels, (list, tuple))
-        or not labels
-        or not all(isinstance(label, str) for label in labels)
-    ):
-        raise InputError(f"candidate_labels must be a non-empty list of strings; got {labels!r}")
-    return image, list(labels)
-
-
-def _owlv2_pixels(image: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
-    """OWLv2's processor on an RGB uint8 [height, width, 3] image: float32 [3, side, side]."""
-    from scipy import ndimage
-
-    pixels = image.astype(np.float32)
-    if config.get("do_rescale", True):
-        scale = config.get("rescale_factor", 1 / 255)
-        pixels = (image.astype(np.float64) * scale).astype(np.float32)
-    if config.get("do_pad", True):
-        side = max(pixels.shape[:2])
-        pixels = np.pad(pixels, ((0, side - pixels.shape[0]), (0, side - pixels.shape[1]), (0, 0)))
-    if config.get("do_resize", True):
-        size = config["size"]
-        if isinstance(size, int):
-            size = {"height": size, "width": size}
-        wanted = (size["height"], size["width"], pixels.shape[2])
-        factors = np.divide(pixels.shape, wanted)
-        # Anti-aliasing as scikit-image's resize, which OWLv2's original code uses.
-        sigma = np.maximum(0, (factors - 1) / 2)
-        filtered = ndimage.gaussian_filter(pixels, sigma, cval=0, mode="mirror")
-        zoomed = ndimage.zoom(
-            filtered, [1 / f for f in factors], order=1, mode="mirror", cval=0, grid_mode=True
-        )
-        pixels = np.clip(zoomed, pixels.min(), pixels.max())
-    if config.get("do_normalize", True):
-        mean = np.asarray(config["image_mean"], np.float32)
-        std = np.asarray(config["image_std"], np.float32)
-        pixels = (pixels - mean) / std
-    return np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32)
+def _requests(items: list, labels: Any) -> list[tuple[Any, list[str]]]:
+    """(image, labels) per item: a dict's own "image" and "candidate_labels" (the call's where
+    it has none), else the item with the call's labels (one set for all items, or one per
+    item)."""
+    shared = None if labels is None else per_item(labels, items, "candidate_labels", is_labels)
+    requests = []
+    for index, item in enumerate(items):
+        if isinstance(item, Mapping):
+            image = item.get("image")
+            given = item.get("candidate_labels", item.get("text_queries"))
+            if image is None or not is_image(image):
+                raise InputError(
+                    'a request dict has "image" (a path, a Pillow image or a numpy array) and '
+                    f'"candidate_labels"; got keys {sorted(map(str, item))}'
+                )
+        else:
+            image, given = item, None
+        if given is None:
+            given = None if shared is None else shared[index]
+        if given is None:
+            raise InputError(
+                "zero-shot-object-detection needs candidate_labels: give them as an option "
+                'or in each {"image", "candidate_labels"} dict'
+            )
+        requests.append((image, candidate_labels_option(given)))
+    return requests

@@ -18,16 +18,29 @@ resized to the processor's one size."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.base import sigmoid, softmax
+from transmuter.pipelines.base import (
+    candidate_labels as candidate_labels_option,
+)
+from transmuter.pipelines.base import (
+    hypothesis_template as hypothesis_template_option,
+)
+from transmuter.pipelines.base import (
+    is_labels,
+    per_item,
+    positive_int,
+    ranked,
+    sigmoid,
+    softmax,
+)
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.image_tasks import dim_names, image_list
+from transmuter.pipelines.vision.image_tasks import ImageTask, dim_names
 from transmuter.pipelines.vision.processors import preprocess
 
 TASK = "zero-shot-image-classification"
@@ -39,13 +52,23 @@ PROGRAMS = 32
 _INPUTS = ("input_ids", "attention_mask", "pixel_values")
 
 
-class ZeroShotImageClassification:
-    """Score `candidate_labels` for images (numpy arrays, Pillow images or paths; one or a
-    list): a list of {"score", "label"} per image, best first."""
+class ZeroShotImageClassification(ImageTask):
+    """Score `candidate_labels` (a list, or one comma-separated string; once for the call or a
+    list of them, one per image) for images (paths, Pillow images or numpy arrays; one, a list
+    or a generator): per image a list of {"score", "label"}, best first, one result per image.
+    `candidate_labels` may come second positionally (or `images=` first, as transformers
+    takes it); it and `hypothesis_template` ("This is a photo of {}.") are options here and
+    per call."""
 
-    def __init__(self, repo: Repo, *, hypothesis_template: str = TEMPLATE, batch_size: int = 8):
-        if batch_size < 1:
-            raise InputError(f"batch_size must be at least 1; got {batch_size}")
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        candidate_labels: Any = None,
+        hypothesis_template: str = TEMPLATE,
+        batch_size: int = 8,
+    ):
+        self.batch_size = positive_int(batch_size, "batch_size")
         if "model" not in repo.onnx:
             raise ModelLoadError(
                 f"{repo.source}: {TASK} runs model.onnx, the whole model; the towers "
@@ -60,7 +83,11 @@ class ZeroShotImageClassification:
             )
         if "logits_per_image" not in self.model.outputs:
             raise ModelLoadError(f"{repo.source}: the model has no output 'logits_per_image'")
-        self.repo, self.template, self.batch_size = repo, hypothesis_template, batch_size
+        self.repo = repo
+        self.template = hypothesis_template_option(hypothesis_template)
+        if candidate_labels is not None and is_labels(candidate_labels):
+            candidate_labels_option(candidate_labels)
+        self.labels = candidate_labels
         self.images = repo.preprocessor_config
         self.tokenizer = repo.require_tokenizer(TASK)
         self.siglip = "siglip" in str(repo.config.get("model_type", ""))
@@ -71,27 +98,57 @@ class ZeroShotImageClassification:
         self.limit = text.get("max_position_embeddings")
         self._compiled = None
 
-    def __call__(
+    def __call__(self, inputs: Any = None, *args: Any, **options: Any) -> Any:
+        if "images" in options:  # transformers' older keyword
+            if inputs is not None:
+                raise InputError("images given twice: positionally and as images=")
+            inputs = options.pop("images")
+        if inputs is None:
+            raise InputError(f"{TASK}: {self.describe_items()}")
+        if len(args) > 1:
+            raise InputError(f"give images and candidate_labels; got {len(args) + 1} arguments")
+        if args:
+            if "candidate_labels" in options:
+                raise InputError("candidate_labels given twice: positionally and by name")
+            options["candidate_labels"] = args[0]
+        return super().__call__(inputs, **options)
+
+    def run_items(
         self,
-        inputs: Any,
-        candidate_labels: Sequence[str],
+        items: list,
         *,
+        candidate_labels: Any = None,
         hypothesis_template: str | None = None,
-    ) -> Any:
-        labels = _labels(candidate_labels)
-        template = self.template if hypothesis_template is None else hypothesis_template
-        text = self._texts(_hypotheses(template, labels))
-        images, single = image_list(inputs)
-        pixels = np.stack([preprocess(image, self.images) for image in images])
-        results = []
-        for start in range(0, len(pixels), self.batch_size):
-            given = {**text, "pixel_values": pixels[start : start + self.batch_size]}
-            logits = np.asarray(self._call(given)["logits_per_image"], np.float64)
-            for row in logits:
-                scores = sigmoid(row) if self.siglip else softmax(row)
-                order = np.argsort(-scores, kind="stable")
-                results.append([{"score": float(scores[i]), "label": labels[i]} for i in order])
-        return results[0] if single else results
+    ) -> list:
+        given = self.labels if candidate_labels is None else candidate_labels
+        if given is None:
+            raise InputError(f"{TASK} needs candidate_labels")
+        template = self.template
+        if hypothesis_template is not None:
+            template = hypothesis_template_option(hypothesis_template)
+        per_image = per_item(given, items, "candidate_labels", is_labels)
+        label_sets = [tuple(candidate_labels_option(labels)) for labels in per_image]
+        # Images with the same labels run together: one text batch, the images as rows.
+        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for index, labels in enumerate(label_sets):
+            groups[labels].append(index)
+        results: list[Any] = [None] * len(items)
+        for labels, indices in groups.items():
+            text = self._texts([template.format(label) for label in labels])
+            pixels = [preprocess(items[i], self.images) for i in indices]
+            for start in range(0, len(indices), self.batch_size):
+                chunk = np.stack(pixels[start : start + self.batch_size])
+                found = self._call({**text, "pixel_values": chunk})["logits_per_image"]
+                # The compiled program's buckets pad the images and the labels; logits_per_image
+                # names its dims apart from the inputs', so the padding is cut here.
+                logits = np.asarray(found, np.float64)[: len(chunk), : len(labels)]
+                for index, row in zip(indices[start : start + len(chunk)], logits):
+                    scores = sigmoid(row) if self.siglip else softmax(row)
+                    results[index] = [
+                        {"score": r["score"], "label": r["label"]}
+                        for r in ranked(scores, list(labels), None)
+                    ]
+        return results
 
     def _texts(self, texts: list[str]) -> dict[str, np.ndarray]:
         """input_ids (and attention_mask where the model takes one) of the label texts."""
@@ -130,27 +187,6 @@ class ZeroShotImageClassification:
         if "attention_mask" in self.model.inputs and not self.siglip:
             rules[length] = ("multiple", 16)
         return {name: rule for name, rule in rules.items() if name is not None}
-
-
-def _labels(candidate_labels: Any) -> list[str]:
-    if isinstance(candidate_labels, str) or not isinstance(candidate_labels, Sequence):
-        raise InputError(
-            f"candidate_labels is a non-empty list of strings; got {candidate_labels!r}"
-        )
-    labels = list(candidate_labels)
-    if not labels or not all(isinstance(label, str) for label in labels):
-        raise InputError(f"candidate_labels is a non-empty list of strings; got {labels!r}")
-    return labels
-
-
-def _hypotheses(template: str, labels: list[str]) -> list[str]:
-    """Each label in `template`, as the pipeline formats it (str.format's one {})."""
-    try:
-        return [template.format(label) for label in labels]
-    except (IndexError, KeyError, ValueError) as error:
-        raise InputError(
-            f"hypothesis_template {template!r} must take the label as {{}}: {error!r}"
-        ) from None
 
 
 def _pad_id(repo: Repo, tokenizer: Any) -> int:
