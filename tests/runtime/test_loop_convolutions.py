@@ -157,6 +157,38 @@ def test_onnx_loop_bodies_convolve_channels_last_reading_kernels_laid_out_once(m
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="ConvTranspose's kernel is flipped and transposed in the lowering, inside the body on "
+    "every step: XLA's loop-invariant code motion does not hoist reverse and transpose, and no "
+    "graph rewrite stores it flipped yet",
+)
+def test_a_loop_body_conv_transpose_reads_its_kernel_laid_out_once():
+    body = helper.make_graph(
+        [
+            helper.make_node(
+                "ConvTranspose", ["x_in", "w"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1]
+            ),
+            helper.make_node("MaxPool", ["t"], ["x_out"], kernel_shape=[2, 2], strides=[2, 2]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        "body",
+        [_vi("i", TP.INT64, []), _vi("c_in", TP.BOOL, []), _vi("x_in", TP.FLOAT, None)],
+        [_vi("c_out", TP.BOOL, []), _vi("x_out", TP.FLOAT, None)],
+    )
+    node = helper.make_node("Loop", ["M", "", "x"], ["y"], body=body)
+    w = (RNG.standard_normal((C, C, 4, 4)) / 8).astype(np.float32)
+    model = transmuter.load(_model([], node, {"w": w, "M": np.array(3, np.int64)}, ["y"]))
+    x = RNG.standard_normal((1, C, 6, 6)).astype(np.float32)
+
+    def run(params, x):
+        return transmuter.run(model, {"x": x}, params=params)
+
+    (found,) = loop_convolutions(_hlo(run, model.params, x))
+    assert found.dim_labels == "b01f_01io->b01f"  # holds already
+    assert found.kernel == "get-tuple-element", found
+
+
 # ---- the text-to-image program: the whole denoising loop as one while loop --------------------
 
 TINY_SD = Path(__file__).resolve().parents[1] / "fixtures" / "pipelines" / "tiny-sd"
