@@ -95,7 +95,7 @@ def test_bad_inputs(florence):
     image = images()[0]
     with pytest.raises(InputError, match="give text="):
         florence(image)
-    with pytest.raises(InputError, match="one per image"):
+    with pytest.raises(InputError, match="text has 1 entries, one per item"):
         florence([image, image], text=["<OD>"])
     with pytest.raises(InputError, match="must be the whole prompt"):
         florence(image, text="<OD> cars")

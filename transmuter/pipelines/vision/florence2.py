@@ -31,6 +31,7 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import Task, per_item
 from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
 from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import (
@@ -38,7 +39,8 @@ from transmuter.pipelines.text.text2text_generation import (
     seq2seq_settings,
     start_tokens,
 )
-from transmuter.pipelines.vision.processors import load_image, preprocess
+from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.processors import is_image, load_image, preprocess
 
 TEXT_BUCKET = 16  # prompts pad to a multiple of this many tokens
 BINS = 1000  # <loc_0> .. <loc_999> per side of the image
@@ -125,11 +127,12 @@ class Florence2Decoder(Seq2SeqDecoder):
         return hidden["last_hidden_state"], mask
 
 
-class Florence2(Text2TextGeneration):
-    """Run Florence-2 tasks on images (numpy arrays, Pillow images or paths; one or a list):
-    `pipeline(images, text="<OD>")`, `text` a task token (with its input after it, for the
-    tasks that take one: "<CAPTION_TO_PHRASE_GROUNDING>a red car"), any other prompt, or a
-    list of them, one per image. Returns, per image, what
+class Florence2(Text2TextGeneration, ImageTask):
+    """Run Florence-2 tasks on images (paths, Pillow images or numpy arrays; one, a list or a
+    generator): `pipeline(images, text="<OD>")`, `text` a task token (with its input after it,
+    for the tasks that take one: "<CAPTION_TO_PHRASE_GROUNDING>a red car"), any other prompt,
+    or a list of them, one per image; or {"image", "text"} dicts (`images=` as transformers'
+    keyword). Returns, per image, what
     Florence2Processor.post_process_generation returns for the generated text: {task: answer},
     the answer a string (captions, OCR, region tasks), {"bboxes", "labels"} (<OD>, dense region
     captions, region proposals, phrase grounding), {"quad_boxes", "labels"} (<OCR_WITH_REGION>),
@@ -173,20 +176,45 @@ class Florence2(Text2TextGeneration):
         )
         self._set_defaults(options, num_beams=1, no_repeat_ngram_size=ngrams or 0)
 
-    def __call__(
-        self, images: Any, text: str | Sequence[str] | None = None, *, key: Any = None, **options
-    ) -> Any:
-        single = not isinstance(images, (list, tuple))
-        images, pixels = self._pixels([images] if single else images)
-        texts = _texts(text, len(images))
+    # The item and the call are the image task's, not text2text-generation's.
+    def is_item(self, value: Any) -> bool:
+        return is_image(value) or isinstance(value, Mapping)
+
+    def describe_items(self) -> str:
+        return ImageTask.describe_items(self)
+
+    def __call__(self, images: Any = None, text: Any = None, **options: Any) -> Any:
+        if "images" in options:  # transformers' keyword
+            if images is not None:
+                raise InputError("images given twice: positionally and as images=")
+            images = options.pop("images")
+        if text is not None:
+            options["text"] = text
+        return Task.__call__(self, images, **options)
+
+    def run_items(self, items: list, *, text: Any = None, key: Any = None, **options) -> list:
+        shared = None if text is None else per_item(text, items, "text", _is_text)
+        images, texts = [], []
+        for index, item in enumerate(items):
+            given = shared[index] if shared is not None else None
+            if isinstance(item, Mapping):
+                given = item.get("text", given)
+                item = item.get("image", item.get("images"))
+            images.append(item)
+            texts.append(given)
+        if not all(isinstance(t, str) for t in texts):
+            raise InputError(
+                "give text=: a Florence-2 task prompt such as '<CAPTION>' or '<OD>', or a list "
+                f'of one per image ({len(items)}), or {{"image", "text"}} dicts; got {text!r}'
+            )
+        images, pixels = self._pixels(images)
         prompts = [self.prompt_ids(t) for t in texts]
         rows = self.generate(pixels, prompts, key=key, **options)
         start = start_tokens(self.repo)
-        results = [
+        return [
             self.parse(self.tokenizer.decode(start + row, skip_special_tokens=False), t, image.size)
             for row, t, image in zip(rows, texts, images)
         ]
-        return results[0] if single else results
 
     def _pixels(self, images: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
         """The images as Pillow images (their sizes are the boxes' frame) and their pixel
@@ -256,13 +284,17 @@ class Florence2Captioner(Florence2):
 
     task = "image-to-text"
 
-    def __call__(self, inputs: Any, *, key: Any = None, **options: Any) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        _, pixels = self._pixels([inputs] if single else inputs)
+    def is_item(self, value: Any) -> bool:
+        return is_image(value)
+
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        return Task.__call__(self, inputs, **options)
+
+    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+        _, pixels = self._pixels(items)
         prompts = [self.prompt_ids("<CAPTION>")] * len(pixels)
         rows = self.generate(pixels, prompts, key=key, **options)
-        captions = [[{"generated_text": self._text(row)}] for row in rows]
-        return captions[0] if single else captions
+        return [[{"generated_text": self._text(row)}] for row in rows]
 
 
 def task_token(text: str) -> str | None:
@@ -396,16 +428,8 @@ def _polygons(text: str, size: tuple[int, int], *, allow_empty: bool) -> list:
 # --- inputs ------------------------------------------------------------------------------
 
 
-def _texts(text: Any, count: int) -> list[str]:
-    """One prompt per image: `text` for all of them, or a list of as many."""
-    if isinstance(text, str):
-        return [text] * count
-    if isinstance(text, Sequence) and len(text) == count and all(isinstance(t, str) for t in text):
-        return list(text)
-    raise InputError(
-        f"give text=: a Florence-2 task prompt such as '<CAPTION>' or '<OD>', or a list of "
-        f"one per image ({count}); got {text!r}"
-    )
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _padded(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, np.ndarray]:

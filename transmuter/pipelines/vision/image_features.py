@@ -11,8 +11,6 @@ of two up to `batch_size`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from transmuter.errors import InputError

@@ -1,6 +1,6 @@
 """The image-to-text task with VisionEncoderDecoder exports (ViT-GPT2 captioners, TrOCR):
 images in, [{"generated_text": ...}] out per image, as transformers' image-to-text pipeline
-returns them. The image processor is images.py's; decoding is seq2seq.py's, the encoder taking
+returns them. The image processor is processors.py's; decoding is seq2seq.py's, the encoder taking
 pixel_values (every image resized to the processor's one size, so the batch dim is the only one
 that varies). Florence-2 repositories (config.json's model_type florence2) caption with
 florence2.py's model and its "<CAPTION>" task, the same output."""
@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from transmuter.errors import InputError, ModelLoadError
+from transmuter.errors import ModelLoadError
+from transmuter.pipelines.base import Task
 from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.text2text_generation import (
@@ -20,6 +21,7 @@ from transmuter.pipelines.text.text2text_generation import (
     start_tokens,
 )
 from transmuter.pipelines.vision.florence2 import Florence2Captioner
+from transmuter.pipelines.vision.image_tasks import ImageTask
 from transmuter.pipelines.vision.processors import preprocess
 
 
@@ -32,9 +34,10 @@ def image_to_text(repo: Repo, **options: Any) -> Any:
     return ImageToText(repo, **options)
 
 
-class ImageToText(Text2TextGeneration):
-    """Caption images (numpy arrays, Pillow images or paths; one or a list): a list of one
-    {"generated_text"} per image. Greedy by default; the options are text2text-generation's."""
+class ImageToText(Text2TextGeneration, ImageTask):
+    """Caption images (paths, Pillow images or numpy arrays; one, a list or a generator): a
+    list of one {"generated_text"} per image. Greedy by default; the options are
+    text2text-generation's."""
 
     task = "image-to-text"
 
@@ -55,15 +58,20 @@ class ImageToText(Text2TextGeneration):
         self.images = repo.preprocessor_config
         self._set_defaults(options)
 
-    def __call__(self, inputs: Any, *, key: Any = None, **options: Any) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [inputs] if single else list(inputs)
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        pixels = np.stack([preprocess(image, self.images) for image in images])
+    # The item and the call are the image task's (ImageTask's), not text2text-generation's.
+    def is_item(self, value: Any) -> bool:
+        return ImageTask.is_item(self, value)
+
+    def describe_items(self) -> str:
+        return ImageTask.describe_items(self)
+
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        return Task.__call__(self, inputs, **options)
+
+    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+        pixels = np.stack([preprocess(image, self.images) for image in items])
         rows = self.generate(pixels, key=key, **options)
-        captions = [[{"generated_text": self._text(row)}] for row in rows]
-        return captions[0] if single else captions
+        return [[{"generated_text": self._text(row)}] for row in rows]
 
     def generate(self, pixels: np.ndarray, *, key: Any = None, **options: Any):
         """The new token ids of each image's caption, from pixel values [batch, 3, h, w]."""

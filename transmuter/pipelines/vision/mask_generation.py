@@ -35,7 +35,13 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.processors import load_image, preprocess
+from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.processors import (
+    interpolation,
+    load_image,
+    sam_pixels,
+    sam_resized_size,
+)
 
 CACHED_IMAGES = 4  # images whose embeddings are kept for later prompts
 DECODER_INPUTS = (
@@ -58,8 +64,9 @@ GENERATION = {
 }
 
 
-class MaskGeneration:
-    """Segment images (numpy arrays, Pillow images or paths; one or a list) with SAM.
+class MaskGeneration(ImageTask):
+    """Segment images (paths, Pillow images or numpy arrays; one, a list or a generator) with
+    SAM.
 
     With `input_points` ([image][prompt][point] = [x, y] in the image's pixels, or
     [image][point] for one prompt), `input_labels` (the same nesting without [x, y]: 1 for a
@@ -68,7 +75,8 @@ class MaskGeneration:
     mask generation with the options of transformers' pipeline (GENERATION; `crops_n_layers`
     must be 0, as crops are not supported). `multimask_output` says whether the export returns
     SAM's three masks per prompt (True) or its single one (False); None takes what it returns.
-    Every option may also be given per call."""
+    Every option may also be given per call; the prompts are nested per image of the call (a
+    generator's images take none)."""
 
     def __init__(
         self,
@@ -109,20 +117,17 @@ class MaskGeneration:
         self._encode = None
         self._decode = None
 
-    def __call__(
+    def run_items(
         self,
-        inputs: Any,
+        items: list,
         *,
         input_points: Any = None,
         input_labels: Any = None,
         input_boxes: Any = None,
         multimask_output: bool | None = None,
         **options: Any,
-    ) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        images = [load_image(image) for image in ([inputs] if single else inputs)]
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
+    ) -> list:
+        images = [load_image(image) for image in items]
         settings = _generation_options(self.options, options)
         if multimask_output is None:
             multimask_output = self.multimask_output
@@ -136,7 +141,7 @@ class MaskGeneration:
                 self._segment(image, *prompt, multimask_output, settings["mask_threshold"])
                 for image, prompt in zip(images, prompts)
             ]
-        return results[0] if single else results
+        return results
 
     # --- prompted segmentation -------------------------------------------------------------
 
@@ -211,12 +216,12 @@ class MaskGeneration:
         """The image's (height, width), its resized (height, width) and its embeddings, which
         are computed once for the last CACHED_IMAGES images."""
         size = (image.height, image.width)
-        resized = resized_size(size, self.processor["longest_edge"])
+        resized = sam_resized_size(size, self.processor["longest_edge"])
         key = hashlib.sha1(image.tobytes() + repr(size).encode()).digest()
         if key in self._embeddings:
             self._embeddings.move_to_end(key)
             return size, resized, self._embeddings[key]
-        pixels = _pixels(image, resized, self.processor)
+        pixels = sam_pixels(image, resized, self.processor)
         feeds = {"pixel_values": pixels[None]}
         if self._encode is None:
             self._encode = transmuter.compile(self.encoder, feeds, cache_size=1)
@@ -267,8 +272,14 @@ class MaskGeneration:
         steps are linear, so they are one matrix per axis."""
         pad = self.processor["pad_size"]
         low = masks.shape[-2:]
-        rows = _bilinear(size[0], resized[0]) @ _bilinear(pad[0], low[0])[: resized[0]]
-        cols = _bilinear(size[1], resized[1]) @ _bilinear(pad[1], low[1])[: resized[1]]
+        rows = (
+            interpolation(resized[0], size[0], "bilinear")
+            @ interpolation(low[0], pad[0], "bilinear")[: resized[0]]
+        )
+        cols = (
+            interpolation(resized[1], size[1], "bilinear")
+            @ interpolation(low[1], pad[1], "bilinear")[: resized[1]]
+        )
         rows, cols = jnp.asarray(rows, jnp.float32), jnp.asarray(cols, jnp.float32)
         return jnp.einsum("Hh,...hw,Ww->...HW", rows, jnp.asarray(masks, jnp.float32), cols)
 
@@ -301,41 +312,6 @@ def _processor(repo: Repo) -> dict[str, Any]:
         "image_mean": config.get("image_mean", [0.485, 0.456, 0.406]),
         "image_std": config.get("image_std", [0.229, 0.224, 0.225]),
     }
-
-
-def resized_size(size: tuple[int, int], longest: int) -> tuple[int, int]:
-    """(height, width) with the longer side `longest`, rounded as SamImageProcessor does."""
-    scale = longest / max(size)
-    return int(size[0] * scale + 0.5), int(size[1] * scale + 0.5)
-
-
-def _pixels(image: Any, resized: tuple[int, int], processor: dict[str, Any]) -> np.ndarray:
-    """float32 [3, pad height, pad width]: resized, rescaled, normalized, zero-padded at the
-    bottom and right."""
-    config = {**processor, "size": {"height": resized[0], "width": resized[1]}}
-    if not processor["do_resize"]:
-        config["size"] = None
-    pixels = preprocess(image, config)
-    height, width = processor["pad_size"]
-    if pixels.shape[1] > height or pixels.shape[2] > width:
-        raise InputError(
-            f"an image of {pixels.shape[1:]} does not fit the padded size {(height, width)}"
-        )
-    padding = ((0, 0), (0, height - pixels.shape[1]), (0, width - pixels.shape[2]))
-    return np.pad(pixels, padding)
-
-
-def _bilinear(out: int, size: int) -> np.ndarray:
-    """[out, size]: torch's bilinear resize (align_corners=False, no antialiasing) of one axis
-    as a matrix."""
-    source = np.maximum((np.arange(out) + 0.5) * (size / out) - 0.5, 0.0)
-    low = np.floor(source).astype(np.int64)
-    high = np.minimum(low + 1, size - 1)
-    weight = source - low
-    matrix = np.zeros((out, size))
-    np.add.at(matrix, (np.arange(out), low), 1 - weight)
-    np.add.at(matrix, (np.arange(out), high), weight)
-    return matrix
 
 
 def _prompts(

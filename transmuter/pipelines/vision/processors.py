@@ -277,7 +277,11 @@ OWL_DEFAULTS = {
         "resample": 3,
         "size": {"height": 768, "width": 768},
     },
-    "owlv2": {"image_mean": CLIP_MEAN, "image_std": CLIP_STD, "size": {"height": 960, "width": 960}},
+    "owlv2": {
+        "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD,
+        "size": {"height": 960, "width": 960},
+    },
 }
 
 
