@@ -161,6 +161,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model-id", help="the name clients give as model (default: the folder's)")
     serve.add_argument(
+        "--max-request-bytes", type=_size, metavar="SIZE",
+        help="refuse larger bodies with a 413 (default: 2MB as text-embeddings-inference; "
+        "25MB for image and audio tasks)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-model-len", type=int, metavar="TOKENS",
+        help="text-generation: positions a request may use, prompt and new tokens (default: "
+        "the model's, capped so that the slots' past fits --kv-memory)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--kv-memory", type=_size, metavar="SIZE",
+        help="text-generation: memory for the slots' past, e.g. 4GiB (default: half the "
+        "device's memory)",
+    )  # fmt: skip
+    serve.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
         help="take traffic at once instead of compiling the batch sizes first",
     )  # fmt: skip
@@ -436,9 +451,10 @@ def serve_(args) -> int:
         print(f"error: transmuter serve needs the serve extra ({exc.name} is not installed): "
               "pip install 'transmuter[serve]'", file=sys.stderr)  # fmt: skip
         return 1
-    if args.task not in http.ROUTES:
-        print(f"error: transmuter serve runs {', '.join(http.ROUTES)}; got --task {args.task!r}",
-              file=sys.stderr)  # fmt: skip
+    try:
+        http.routes_for(args.task)
+    except transmuter.InputError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
     if args.cache_dir:
         transmuter.use_persistent_cache(args.cache_dir)
@@ -453,15 +469,38 @@ def serve_(args) -> int:
         repo.shard(mesh, "model")
         _progress(f"params split over {args.model_shards} {devices[0].platform} devices")
     model_id = args.model_id or args.repo.rstrip("/").split("/")[-1].split("@")[0]
-    server = http.Server(
-        repo, args.task, model_id=model_id, batch_size=args.batch_size,
-        batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue,
-        max_client_batch_size=args.max_client_batch_size, decoding=args.decoding,
-    )  # fmt: skip
+    try:
+        server = http.Server(
+            repo, args.task, model_id=model_id, batch_size=args.batch_size,
+            batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue,
+            max_client_batch_size=args.max_client_batch_size, decoding=args.decoding,
+            max_request_bytes=args.max_request_bytes, max_model_len=args.max_model_len,
+            kv_memory=args.kv_memory,
+        )  # fmt: skip
+    except transmuter.InputError as error:  # a budget that does not fit, a bad flag
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     _progress(f"serving {model_id!r} ({args.task}) on http://{args.host}:{args.port}")
     uvicorn.run(http.app(server, warmup=args.warmup), host=args.host, port=args.port,
                 log_level="warning")  # fmt: skip
     return 0
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10,
+          "mib": 1 << 20, "gib": 1 << 30}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """A size in bytes: 2000000, 2MB, 512KiB, 4GiB."""
+    number = text.rstrip("bBkKmMgGiI")
+    unit = text[len(number) :].lower()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2MB, 4GiB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size is at least 1 byte")
+    return int(value)
 
 
 def export_(args) -> int:

@@ -1,65 +1,72 @@
-"""What every route shares: OpenAI's error shape and the checks of a JSON body's fields."""
+"""What every route shares: the request body read within its byte budget and parsed into its
+schema (protocol.py), and the HTTP answer to any exception."""
 
 from __future__ import annotations
 
-import json
+import logging
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+
+from transmuter.errors import InputError, Overloaded, ServingClosed
+from transmuter.serving.protocol import ApiError, parse
+
+__all__ = ["ApiError", "BodyLimit", "error_for", "read_body"]
+
+_log = logging.getLogger("transmuter.serving")
 
 
-class ApiError(Exception):
-    """A request the server refuses: its HTTP status and OpenAI's error fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-        headers: dict | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        fields = {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}
-        return {"error": fields}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status, headers=self.headers)
+async def read_body(request: Request, model: type) -> Any:
+    """The body as a `model` (protocol.py), or an ApiError naming what is wrong."""
+    return parse(model, await request.body())
 
 
-async def json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as error:
-        raise ApiError(400, f"the body is not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
+def error_for(error: BaseException) -> ApiError:
+    """The answer to an exception raised while serving a request: the request's fault (an
+    InputError) is a 400, a refusal for load a 503 with Retry-After, anything else the
+    server's or the model's fault, a 500 that names the exception."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, Overloaded):
+        return ApiError(503, str(error), code="overloaded", headers={"Retry-After": "1"})
+    if isinstance(error, ServingClosed):
+        return ApiError(503, str(error), code="shutting_down", headers={"Retry-After": "5"})
+    if isinstance(error, InputError):
+        return ApiError(400, str(error))
+    if isinstance(error, MemoryError):
+        return ApiError(500, f"out of memory: {error}", code="out_of_memory")
+    _log.error("a request failed", exc_info=error)
+    return ApiError(500, f"{type(error).__name__}: {error}", code="internal_error")
 
 
-def flag(body: dict, field: str, default: bool) -> bool:
-    value = body.get(field, default)
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{field}' must be true or false", param=field)
-    return value
+class BodyLimit:
+    """ASGI middleware: a request body past `limit` bytes fails with a 413 as it is read (its
+    Content-Length, where given, is checked before a byte of it is), so a large body is never
+    held whole in memory. The route's handler turns the raised ApiError into its answer."""
 
+    def __init__(self, app: Any, limit: int):
+        self.app, self.limit = app, limit
 
-def number(body: dict, field: str, default: Any, low: float, high: float, kind: type = float):
-    """`field` as a `kind` within [low, high], or `default` where absent (or null)."""
-    value = body.get(field)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ApiError(400, f"'{field}' must be {'a number' if kind is float else 'an integer'}",
-                       param=field)  # fmt: skip
-    if not low <= value <= high:
-        raise ApiError(400, f"'{field}' must be between {low} and {high}; got {value}",
-                       param=field)  # fmt: skip
-    return kind(value)
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit, seen = self.limit, 0
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+
+        def too_large(size: str) -> ApiError:
+            return ApiError(413, f"the body has {size} bytes; this server takes at most {limit} "
+                            "(--max-request-bytes)", code="payload_too_large")  # fmt: skip
+
+        async def limited() -> dict:
+            nonlocal seen
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise too_large(declared.decode())
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise too_large(f"more than {limit}")
+            return message
+
+        await self.app(scope, limited, send)

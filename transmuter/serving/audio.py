@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import PlainTextResponse
 
-from transmuter.serving.api import ApiError
+from transmuter.serving.protocol import ApiError, PydanticResponse
 
 if TYPE_CHECKING:
     from transmuter.serving.http import Server
@@ -45,7 +45,7 @@ async def transcriptions(server: Server, request: Request) -> Any:
         form = await request.form()
     except Exception as error:  # not multipart, or a malformed body
         raise ApiError(400, f"send multipart/form-data with a 'file' ({error})") from None
-    server.check_model({"model": form.get("model")})
+    server.check_model(form.get("model"))
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "'file' must be an uploaded audio file", param="file")
@@ -61,4 +61,4 @@ async def transcriptions(server: Server, request: Request) -> Any:
     (row,) = await server.infer([{"array": samples, "sampling_rate": rate}], **options)
     if response_format == "text":
         return PlainTextResponse(row["text"])
-    return JSONResponse({"text": row["text"]})
+    return PydanticResponse({"text": row["text"]})

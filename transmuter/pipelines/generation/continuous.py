@@ -54,6 +54,10 @@ _OPTIONS = {
 }  # fmt: skip
 
 
+class ClientGone(Exception):
+    """The Future of a request whose caller left (`abandon`) before it finished."""
+
+
 @dataclass
 class _Filling:
     """A prompt being prefilled chunk by chunk into its own past buffer, for `slot`."""
@@ -99,6 +103,7 @@ class ContinuousGeneration:
         slots: int = 8,
         max_queue: int = 1024,
         prefill_chunk: int = 256,
+        max_len: int | None = None,
     ):
         decoder = pipeline.decoder
         if not decoder.positions:
@@ -121,6 +126,10 @@ class ContinuousGeneration:
                 f"{pipeline.repo.source}: config.json gives no max_position_embeddings or "
                 "n_positions, which size the slots' past"
             )
+        if max_len is not None:  # a budget (transmuter serve's --max-model-len)
+            if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+                raise InputError(f"max_len must be an integer of at least 2; got {max_len!r}")
+            positions = min(positions, max_len)
         self.pipeline, self.decoder = pipeline, decoder
         # A prompt padded to its power-of-two bucket is under twice its length, so a request
         # within the model's positions always fits twice them.
@@ -142,6 +151,7 @@ class ContinuousGeneration:
         self._rows: list[_Request | None] = [None] * slots
         self._filling: _Filling | None = None
         self._closing = False
+        self._gone: set[Future] = set()  # running requests whose callers left (`abandon`)
         self._worker = threading.Thread(target=self._serve, name="transmuter-slots", daemon=True)
         self._worker.start()
 
@@ -151,6 +161,15 @@ class ContinuousGeneration:
         """Queue a prompt (token ids) for the next free slot; its Future gives the new token
         ids. Cancelling it before it has a slot takes it out."""
         return self._queue(self._request(list(prompt), options), bounded=True)
+
+    def abandon(self, future: Future) -> None:
+        """The caller of `future` has gone: a waiting request leaves the queue, a running one
+        frees its slot at the next step (its Future fails with ClientGone)."""
+        if future.cancel():  # still waiting: it never joins
+            return
+        with self._lock:
+            if not future.done():
+                self._gone.add(future)
 
     def _queue(self, request: _Request, bounded: bool) -> Future:
         with self._lock:
@@ -247,10 +266,19 @@ class ContinuousGeneration:
                         if free is not None and self._waiting and self._filling is None
                         else None
                     )
-                if joining is not None and joining.future.set_running_or_notify_cancel():
-                    self._join(free, joining)
-                elif self._filling is not None:
-                    self._fill()
+                failed = None
+                try:
+                    if joining is not None and joining.future.set_running_or_notify_cancel():
+                        failed = joining
+                        self._join(free, joining)
+                    elif self._filling is not None:
+                        failed = self._filling.request
+                        self._fill()
+                except Exception as error:  # its prefill failed: that request alone ends
+                    self._filling = None
+                    self._rows = [None if r is failed else r for r in self._rows]
+                    if not failed.future.done():
+                        failed.future.set_exception(error)
                 if self.active:
                     try:
                         self._advance()
@@ -410,6 +438,13 @@ class ContinuousGeneration:
     def _take(self, slot: int, token: int) -> None:
         """Give `token` to the request in `slot`; a finished one leaves its slot."""
         request = self._rows[slot]
+        if request.future in self._gone:
+            with self._lock:
+                self._gone.discard(request.future)
+            self._rows[slot] = None
+            self.write[slot] = self.next_position[slot] = 0
+            request.future.set_exception(ClientGone("the caller went away; its slot is free"))
+            return
         request.tokens.append(token)
         self.tokens[slot] = token
         watcher = request.watcher
