@@ -216,3 +216,114 @@ def test_owlv2_boxes_relative_to_the_padded_square():
         assert_same(row, wanted)
     top = detect(images()[0], want["top_k"]["queries"], threshold=0.0, top_k=5)
     assert_same(top, want["top_k"]["results"])
+
+
+# --- call forms and their checks (issue 41) ----------------------------------------------------
+
+
+def only(results: list, labels: list) -> list:
+    """transformers' answer for a subset of the labels: it runs each label on its own and
+    sorts the detections stably by score, so the subset's answer is the full one filtered."""
+    return [d for d in results if d["label"] in labels]
+
+
+def test_zero_shot_detection_call_forms(owlvit):
+    want = expected("owlvit")
+    queries, threshold, results = want["queries"], want["threshold"], want["results"]
+    pictures = images()
+    # A list of images with a list of label lists: transformers zips them, one list per image.
+    zipped = owlvit(
+        pictures[:3], candidate_labels=[queries, queries[:2], queries[1:]], threshold=threshold
+    )
+    assert len(zipped) == 3
+    for got, wanted, labels in zip(zipped, results, [queries, queries[:2], queries[1:]]):
+        assert_same(got, only(wanted, labels))
+    # {"image", "candidate_labels"} dicts: one, a list, a generator; a dict's labels win.
+    requests = [{"image": p, "candidate_labels": queries} for p in pictures[:2]]
+    assert_same(owlvit(requests[0], threshold=threshold), results[0])
+    for got, wanted in zip(owlvit(requests, threshold=threshold), results, strict=False):
+        assert_same(got, wanted)
+    streamed = owlvit(iter(requests), threshold=threshold)
+    assert not isinstance(streamed, list)
+    for got, wanted in zip(streamed, results[:2], strict=True):
+        assert_same(got, wanted)
+    # transformers' older keyword.
+    assert_same(owlvit(pictures[2], text_queries=queries, threshold=threshold), results[2])
+
+
+def test_zero_shot_detection_refusals(owlvit):
+    image = images()[0]
+    with pytest.raises(InputError, match="candidate_labels has 2 entries, one per item"):
+        owlvit([image] * 3, candidate_labels=[["cat"], ["dog"]])
+    for labels in ([], [[]], "", [3]):
+        with pytest.raises(InputError, match="candidate_labels"):
+            owlvit(image, candidate_labels=labels)
+    for bad in ("x", float("nan"), [0.1]):
+        with pytest.raises(InputError, match="threshold must be a number"):
+            owlvit(image, ["cat"], threshold=bad)
+    for bad in (0, -1, 1.5, "3"):
+        with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
+            owlvit(image, ["cat"], top_k=bad)
+    with pytest.raises(InputError, match="candidate_labels given twice"):
+        owlvit(image, ["cat"], candidate_labels=["dog"])
+
+
+def test_detection_bad_options_and_odd_images(yolos):
+    image = images()[0]
+    with pytest.raises(InputError, match="threshold must be a number"):
+        yolos(image, threshold="x")
+    with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
+        yolos(image, top_k=0)
+    with pytest.raises(InputError, match="threshold must be a number"):
+        transmuter.pipeline("object-detection", REPOS / "yolos", threshold="high")
+    # A 1 x 1 image resizes to the shortest edge (64 x 64) as any other; RGBA is made RGB.
+    assert yolos(np.zeros((1, 1, 3), np.uint8), threshold=0.0) is not None
+    rgba = np.concatenate([image, np.full(image.shape[:2] + (1,), 255, np.uint8)], -1)
+    assert yolos(rgba, threshold=0.0) == yolos(image, threshold=0.0)
+    with pytest.raises(InputError, match="under YOLOS's 16 pixels a side"):
+        yolos(np.zeros((1, 400, 3), np.uint8))
+
+
+def test_owlv2_resize_is_scipys():
+    # Owlv2ImageProcessor resizes with scipy.ndimage (a Gaussian, then a linear zoom, both
+    # mirrored); processors.py does it in numpy so that no extra needs scipy. Wide, tall,
+    # tiny and upsampled images against scipy itself where it is installed.
+    ndimage = pytest.importorskip("scipy.ndimage")
+    from transmuter.pipelines.vision.processors import CLIP_MEAN, CLIP_STD, owl_pixels
+
+    def scipys(image, side):
+        pixels = (image.astype(np.float64) / 255).astype(np.float32)
+        square = max(pixels.shape[:2])
+        pad = ((0, square - pixels.shape[0]), (0, square - pixels.shape[1]), (0, 0))
+        pixels = np.pad(pixels, pad)
+        factors = np.divide(pixels.shape, (side, side, 3))
+        filtered = ndimage.gaussian_filter(pixels, np.maximum(0, (factors - 1) / 2), mode="mirror")
+        zoomed = ndimage.zoom(filtered, 1 / factors, order=1, mode="mirror", grid_mode=True)
+        zoomed = np.clip(zoomed, pixels.min(), pixels.max())
+        normal = (zoomed - np.float32(CLIP_MEAN)) / np.float32(CLIP_STD)
+        return normal.transpose(2, 0, 1)
+
+    rng = np.random.default_rng(3)
+    config = {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}
+    for height, width, side in [(24, 90, 32), (200, 37, 32), (1, 1, 32), (7, 5, 48), (60, 300, 96)]:
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        got = owl_pixels(image, "owlv2", {**config, "size": {"height": side, "width": side}})
+        np.testing.assert_allclose(got, scipys(image, side), atol=1e-5)
+
+
+def test_vision_tasks_import_no_scipy():
+    # The image extra declares Pillow only: no vision module may import scipy.
+    import ast
+    from pathlib import Path
+
+    import transmuter.pipelines.vision as vision
+
+    for path in Path(vision.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.split(".")[0] == "scipy" for n in names), path.name

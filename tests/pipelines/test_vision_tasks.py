@@ -239,3 +239,110 @@ def test_segmentation_subtasks(segment):
         segment(images("segformer")[2], subtask="panoptic")
     with pytest.raises(InputError, match="'semantic'"):
         transmuter.pipeline("image-segmentation", REPOS / "segformer", subtask="instance")
+
+
+# --- call forms and their checks (issue 41) ----------------------------------------------------
+
+
+def test_zero_shot_answers_once_per_image(zero_shot):
+    # Three images padded to the program's batch of four, with four labels: three answers
+    # (the padded image row came back as a fourth), each transformers' for that image alone.
+    name, classify = zero_shot
+    want = expected(name)
+    batch, labels = images(name)[:3], want["labels"][1:]
+    got = classify(batch, candidate_labels=labels, hypothesis_template=want["template"])
+    assert len(got) == 3
+    assert_ranked(got, want["templated"][:3])
+    streamed = classify(iter(batch), candidate_labels=labels, hypothesis_template=want["template"])
+    assert not isinstance(streamed, list)
+    assert_ranked(list(streamed), want["templated"][:3])
+    # Labels once per image (a list of lists), and positionally.
+    per_image = classify(batch[:2], [labels, labels[:3]], hypothesis_template=want["template"])
+    assert [len(r) for r in per_image] == [4, 3]
+    assert_ranked(per_image[:1], want["templated"][:1])
+
+
+def test_zero_shot_bad_options(zero_shot):
+    name, classify = zero_shot
+    image = images(name)[0]
+    for labels in ([], [[]], [1, 2], None):
+        with pytest.raises(InputError, match="candidate_labels"):
+            classify(image, candidate_labels=labels)
+    with pytest.raises(InputError, match="candidate_labels has 2 entries"):
+        classify([image] * 3, candidate_labels=[["cat"], ["dog"]])
+    with pytest.raises(InputError, match=r"give an image \(a path.*got int"):
+        classify(3, candidate_labels=["cat"])
+
+
+@pytest.fixture(scope="module")
+def dinov2(tmp_path_factory):
+    """vit-features' export as a DINOv2 user gets it: model_type dinov2 and no pooler_output
+    (Optimum's DINOv2 export has last_hidden_state only)."""
+    import json
+
+    import onnx
+
+    folder = tmp_path_factory.mktemp("dinov2")
+    source = REPOS / "vit-features"
+    config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "dinov2"}))
+    (folder / "preprocessor_config.json").write_bytes(
+        (source / "preprocessor_config.json").read_bytes()
+    )
+    proto = onnx.load(str(source / "model.onnx"))
+    kept = [o for o in proto.graph.output if o.name != "pooler_output"]
+    del proto.graph.output[:]
+    proto.graph.output.extend(kept)
+    onnx.save(proto, str(folder / "model.onnx"))
+    return folder
+
+
+def test_dinov2_pools_its_cls_token(dinov2):
+    # Dinov2Model's pooler_output is last_hidden_state[:, 0] (its layer-normed CLS token), so
+    # transformers' pool=True answer is the recorded hidden states' first token.
+    want = expected("vit-features")["hidden"]
+    extract = transmuter.pipeline("image-feature-extraction", dinov2)
+    assert extract.model.model.outputs == ["last_hidden_state"]
+    batch = images("vit-features")
+    pooled = extract(batch, pool=True)
+    for got, wanted in zip(pooled, want, strict=True):
+        assert np.shape(got) == (1, 32)
+        np.testing.assert_allclose(got, np.asarray(wanted)[:, 0], atol=1e-4)
+    one = transmuter.pipeline("image-feature-extraction", dinov2, pool=True)(batch[1])
+    np.testing.assert_allclose(one, np.asarray(want[1])[:, 0], atol=1e-4)
+
+
+def test_pooling_that_cannot_be_derived_is_refused(dinov2, tmp_path):
+    # ViT pools with a dense layer and tanh: without pooler_output there is no pooled vector.
+    for name in ("model.onnx", "preprocessor_config.json"):
+        (tmp_path / name).write_bytes((dinov2 / name).read_bytes())
+    (tmp_path / "config.json").write_bytes((REPOS / "vit-features" / "config.json").read_bytes())
+    extract = transmuter.pipeline("image-feature-extraction", tmp_path)
+    with pytest.raises(InputError, match="'vit' model pools with weights of its own"):
+        extract(images("vit-features")[0], pool=True)
+    with pytest.raises(InputError, match="pool=True takes"):
+        transmuter.pipeline("image-feature-extraction", tmp_path, pool=True)
+
+
+def test_odd_images(features, segment, depth):
+    rgb = images("vit-features")[0]
+    want = features(rgb)
+    # RGBA (Pillow or array) is converted to RGB, as transformers' processors convert it.
+    rgba = np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 255, np.uint8)], -1)
+    np.testing.assert_allclose(features(rgba), want, atol=1e-6)
+    np.testing.assert_allclose(features(Image.fromarray(rgba, "RGBA")), want, atol=1e-6)
+    gray = rgb[..., :1]
+    np.testing.assert_allclose(
+        features(gray), features(Image.fromarray(rgb[..., 0]).convert("RGB")), atol=1e-6
+    )
+    # A 1 x 1 image resizes like any other.
+    tiny = np.full((1, 1, 3), 128, np.uint8)
+    assert np.shape(features(tiny)) == np.shape(want)
+    assert segment(tiny)[0]["mask"].size == (1, 1)
+    assert depth(tiny)["predicted_depth"].shape == (1, 1)
+    with pytest.raises(InputError, match=r"height, width, channels.*array\[\.\.\., None\]"):
+        features(rgb[..., 0])
+    with pytest.raises(InputError, match="holds numbers"):
+        features(np.full((4, 4, 3), "x"))
+    with pytest.raises(InputError, match="an image is a path"):
+        features([{"image": rgb}])
