@@ -115,7 +115,7 @@ def test_text2text_options_are_checked(t5):
         t5("Hello", return_full_text=False)
     with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
         t5("Hello", max_new_tokens=0)
-    with pytest.raises(InputError, match="a text or a non-empty list"):
+    with pytest.raises(InputError, match="a text, a list of texts or a generator"):
         t5([])
     with pytest.raises(InputError, match="decoding must be one of past, padded; got 'fast'"):
         transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="fast")
@@ -217,3 +217,147 @@ def test_padded_decoding_refuses_a_decoder_fixed_to_one_token(tmp_path):
     onnx.save(model, str(path))
     with pytest.raises(ModelLoadError, match=r"input_ids is declared as .*\[batch_size, 1\]"):
         transmuter.pipeline("text2text-generation", tmp_path / "bart", decoding="padded")
+
+
+def _tiny_vision_decoder(folder, *, naming: str) -> None:
+    """A VisionEncoderDecoder export in the layout of Optimum's ViT + GPT-2, built here: an
+    encoder from pixel_values, and decoders (no past, with past) whose self-attention past is
+    named as `naming` gives it ("past_key_values.0.key"), with no cross-attention past (GPT-2
+    reads encoder_hidden_states at every step)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    vocab, width = 16, 8
+
+    def save(name, nodes, inputs, outputs, weights):
+        graph = helper.make_graph(
+            nodes,
+            name,
+            inputs,
+            outputs,
+            [numpy_helper.from_array(v, k) for k, v in weights.items()],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, str(folder / f"{name}.onnx"))
+
+    def tensor(name, dtype, shape):
+        return helper.make_tensor_value_info(name, dtype, shape)
+
+    save(
+        "encoder_model",
+        [helper.make_node("Reshape", ["pixel_values", "shape"], ["last_hidden_state"])],
+        [tensor("pixel_values", TensorProto.FLOAT, ["batch", 3, 4, 4])],
+        [tensor("last_hidden_state", TensorProto.FLOAT, ["batch", 6, width])],
+        {"shape": np.array([0, 6, width], np.int64)},
+    )
+    key, value = (naming.format(kind) for kind in ("key", "value"))
+    present_key, present_value = (n.replace("past_key_values.", "present.") for n in (key, value))
+    weights = {
+        "embed": rng.standard_normal((vocab, width)).astype(np.float32),
+        "head": rng.standard_normal((width, vocab)).astype(np.float32),
+        "one": np.array([1], np.int64),
+        "half": np.array(0.5, np.float32),
+    }
+    for with_past in (False, True):
+        nodes = [
+            helper.make_node("Gather", ["embed", "input_ids"], ["token"]),  # [b, s, w]
+            helper.make_node("Unsqueeze", ["token", "one"], ["new"]),  # [b, 1, s, w]
+            helper.make_node("Mul", ["new", "half"], ["new_value"]),
+            helper.make_node("ReduceMean", ["encoder_hidden_states"], ["context"], axes=[1]),
+        ]
+        if with_past:
+            nodes += [
+                helper.make_node("Concat", [key, "new"], [present_key], axis=2),
+                helper.make_node("Concat", [value, "new_value"], [present_value], axis=2),
+            ]
+        else:
+            nodes += [
+                helper.make_node("Identity", ["new"], [present_key]),
+                helper.make_node("Identity", ["new_value"], [present_value]),
+            ]
+        nodes += [
+            helper.make_node("ReduceMean", [present_value], ["memory"], axes=[1, 2], keepdims=0),
+            helper.make_node("Unsqueeze", ["memory", "one"], ["memory_row"]),  # [b, 1, w]
+            helper.make_node("Add", ["token", "context"], ["mixed"]),
+            helper.make_node("Add", ["mixed", "memory_row"], ["hidden"]),
+            helper.make_node("MatMul", ["hidden", "head"], ["logits"]),
+        ]
+        inputs = [
+            tensor("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            tensor("encoder_hidden_states", TensorProto.FLOAT, ["batch", "encoded", width]),
+        ]
+        if with_past:
+            inputs += [
+                tensor(n, TensorProto.FLOAT, ["batch", 1, "past", width]) for n in (key, value)
+            ]
+        outputs = [tensor("logits", TensorProto.FLOAT, ["batch", "sequence", vocab])] + [
+            tensor(n, TensorProto.FLOAT, ["batch", 1, "total", width])
+            for n in (present_key, present_value)
+        ]
+        name = "decoder_with_past_model" if with_past else "decoder_model"
+        save(name, nodes, inputs, outputs, weights)
+    (folder / "config.json").write_text(json.dumps({"model_type": "vision-encoder-decoder"}))
+
+
+def _ort_greedy(folder, pixels, start, count):
+    """Greedy tokens from ONNX Runtime running the same files in a plain loop: the no-past
+    decoder on the start token, then the with-past decoder on each chosen token."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def session(name):
+        return ort.InferenceSession(str(folder / f"{name}.onnx"))
+
+    encoder, first, step = (
+        session("encoder_model"),
+        session("decoder_model"),
+        session("decoder_with_past_model"),
+    )
+    hidden = encoder.run(None, {"pixel_values": pixels})[0]
+    ids = np.full((pixels.shape[0], 1), start, np.int64)
+    names = [o.name for o in first.get_outputs()]
+    out = dict(zip(names, first.run(None, {"input_ids": ids, "encoder_hidden_states": hidden})))
+    rows = []
+    for _ in range(count):
+        token = out["logits"][:, -1].argmax(-1)
+        rows.append(token.tolist())
+        feed = {"input_ids": token[:, None].astype(np.int64), "encoder_hidden_states": hidden}
+        past_names = [i.name for i in step.get_inputs() if i.name.startswith("past_key_values.")]
+        for name in past_names:
+            feed[name] = out[name.replace("past_key_values.", "present.")]
+        out = dict(zip(names, step.run(None, feed)))
+    return [list(r) for r in zip(*rows)]
+
+
+@pytest.mark.parametrize("naming", ["past_key_values.0.{}", "past_key_values.0.decoder.{}"])
+def test_optimums_namings_of_the_past_decode_as_onnx_runtime(tmp_path, naming):
+    # Optimum's ViT + GPT-2 export names its past past_key_values.N.key (no cross-attention
+    # past); its encoder-decoders past_key_values.N.decoder.key: one place reads both.
+    from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
+
+    _tiny_vision_decoder(tmp_path, naming=naming)
+    decoder = Seq2SeqDecoder(transmuter.load_repo(tmp_path), "image-to-text")
+    assert decoder.own == [naming.format("key"), naming.format("value")] and decoder.cross == []
+    pixels = np.random.default_rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    got = decoder.generate({"pixel_values": pixels}, [0], max_new_tokens=5)
+    assert got == _ort_greedy(tmp_path, pixels, 0, 5)
+
+
+def test_a_past_without_its_present_names_what_was_looked_for(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
+
+    _tiny_vision_decoder(tmp_path, naming="past_key_values.0.{}")
+    path = tmp_path / "decoder_with_past_model.onnx"
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        node.output[:] = ["kept" if o == "present.0.key" else o for o in node.output]
+    for output in model.graph.output:
+        if output.name == "present.0.key":
+            output.name = "kept"
+    onnx.save(model, str(path))
+    with pytest.raises(
+        ModelLoadError, match=r"takes 'past_key_values.0.key' but returns none of \['present.0.key'"
+    ):
+        Seq2SeqDecoder(transmuter.load_repo(tmp_path), "image-to-text")

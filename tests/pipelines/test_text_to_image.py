@@ -66,7 +66,8 @@ def generate(pipe, name, arrays, **more):
         callback=lambda step, timestep, latents: steps.append(latents),
         **{**options, **more},
     )
-    return images, np.stack(steps)
+    # A list of prompts gives each prompt's images; diffusers' are one batch.
+    return np.concatenate(images) if isinstance(case["prompt"], list) else images, np.stack(steps)
 
 
 def check(pipe, name, arrays):
@@ -102,6 +103,16 @@ def test_a_seed_gives_the_same_images_and_the_program_is_reused(euler):
     assert euler.compiles == 1  # the shape, steps and mode of the first test
 
 
+def test_a_generator_of_prompts_gives_one_result_per_prompt(euler):
+    options = dict(num_inference_steps=4, height=16, width=16, seed=7, callback=lambda *_: None)
+    out = euler((p for p in ["a cat", "a dog"]), **options)  # test_a_seed's program, per prompt
+    assert not isinstance(out, list)
+    results = list(out)
+    assert [len(r) for r in results] == [1, 1]
+    assert np.array_equal(np.asarray(results[0][0]), np.asarray(euler("a cat", **options)[0]))
+    assert euler.compiles == 1
+
+
 def test_the_tokenizer_from_vocab_and_merges(repo, tmp_path):
     shutil.copytree(REPO / "tokenizer", tmp_path / "tokenizer")
     (tmp_path / "tokenizer" / "tokenizer.json").unlink()
@@ -126,13 +137,13 @@ def test_bad_inputs_say_what_was_expected(euler):
         euler("a cat", height=30)
     with pytest.raises(InputError, match=r"latents must be float .* = \[1, 4, 16, 16\]"):
         euler("a cat", latents=np.zeros((1, 4, 8, 8), np.float32))
-    with pytest.raises(InputError, match="output_type must be 'pil' or 'np'"):
+    with pytest.raises(InputError, match="output_type must be one of pil, np; got 'pt'"):
         euler("a cat", output_type="pt")
     with pytest.raises(InputError, match="strength is image-to-image's"):
         euler("a cat", strength=0.5)
     with pytest.raises(InputError, match="negative_prompt has 2 texts for 1 prompts"):
         euler("a cat", negative_prompt=["x", "y"])
-    with pytest.raises(InputError, match="prompt must be a string or a non-empty list"):
+    with pytest.raises(InputError, match="a list of prompts or a generator of them: got an empty"):
         euler([])
     with pytest.raises(InputError, match=r"guidance_rescale must be a number in \[0, 1\]"):
         euler("a cat", guidance_rescale=1.5)
@@ -230,7 +241,8 @@ def test_v_prediction_and_spacings(repo, arrays, name):
 def test_a_batch_of_prompts_with_negatives_at_another_aspect_ratio(euler, arrays):
     check(euler, "batch", arrays)
     images = euler(["a cat", "a red cube"], height=24, width=40, num_images_per_prompt=2, seed=1)
-    assert [i.size for i in images] == [(40, 24)] * 4
+    # One result per prompt, holding its images.
+    assert [[i.size for i in group] for group in images] == [[(40, 24)] * 2] * 2
 
 
 @pytest.mark.slow

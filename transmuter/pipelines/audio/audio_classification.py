@@ -22,15 +22,17 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio.features import kaldi_fbank
-from transmuter.pipelines.base import SCORES, id2label
+from transmuter.pipelines.base import SCORES, Task, choice, id2label, positive_int, ranked
+from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
 
 EXTRACTORS = ("ASTFeatureExtractor", "Wav2Vec2FeatureExtractor")
 
 
-class AudioClassification:
+class AudioClassification(Task):
     """Classify 1-D float waveforms at the feature extractor's sampling rate (numpy arrays, or
-    {"array"/"raw", "sampling_rate"} dicts), one or a list: the `top_k` best of config.json's
+    {"array"/"raw", "sampling_rate"} dicts), one, a list or a generator: the `top_k` best of
+    config.json's
     id2label (None: all) as [{"score", "label"}] per clip, scored by `function_to_apply`
     ("softmax", "sigmoid", "none"; by default sigmoid for multi-label configs, none for
     regression, else softmax)."""
@@ -44,11 +46,9 @@ class AudioClassification:
         batch_size: int = 8,
         cache_size: int = 8,
     ):
-        if batch_size < 1 or cache_size < 1:
-            raise InputError(
-                f"batch_size and cache_size must be at least 1; got {batch_size}, {cache_size}"
-            )
-        self.repo, self.batch_size, self.cache_size = repo, batch_size, cache_size
+        self.repo = repo
+        self.batch_size = positive_int(batch_size, "batch_size")
+        self.cache_size = positive_int(cache_size, "cache_size")
         self.features = repo.preprocessor_config
         self.kind = self.features.get("feature_extractor_type")
         if self.kind not in EXTRACTORS:
@@ -66,18 +66,23 @@ class AudioClassification:
         self.function_to_apply = _checked_function(function_to_apply)
         self._compiled = None
 
-    def __call__(
-        self, inputs: Any, *, top_k: int | None = None, function_to_apply: str | None = None
-    ) -> Any:
-        single = not isinstance(inputs, (list, tuple))
-        waves = [self._waveform(w) for w in ([inputs] if single else inputs)]
-        if not waves:
-            raise InputError("give a waveform or a non-empty list of them")
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, (np.ndarray, Mapping, str, bytes))
+
+    def describe_items(self) -> str:
+        return (
+            'give a waveform (a 1-D float array or a {"array", "sampling_rate"} dict), a list '
+            "or a generator of them"
+        )
+
+    def run_items(
+        self, items: list, *, top_k: int | None = None, function_to_apply: str | None = None
+    ) -> list:
+        waves = [self._waveform(w) for w in items]
         function = _checked_function(function_to_apply) or self.function_to_apply
         function = function or self._default_function()
         top_k = _checked_top_k(top_k) or self.top_k
-        results = [self._ranked(row, function, top_k) for row in self._logits(waves)]
-        return results[0] if single else results
+        return [self._ranked(row, function, top_k) for row in self._logits(waves)]
 
     def _logits(self, waves: list[np.ndarray]) -> list[np.ndarray]:
         if self.kind == "Wav2Vec2FeatureExtractor":
@@ -126,9 +131,11 @@ class AudioClassification:
 
     def _ranked(self, logits: np.ndarray, function: str, top_k: int | None) -> list[dict]:
         scores = SCORES[function](logits.astype(np.float64))
-        labels = id2label(self.repo.config, len(scores))
-        order = np.argsort(-scores, kind="stable")[:top_k]
-        return [{"score": float(scores[i]), "label": labels[i]} for i in order]
+        # transformers' audio-classification answers {"score", "label"} in that order.
+        return [
+            {"score": r["score"], "label": r["label"]}
+            for r in ranked(scores, id2label(self.repo.config, len(scores)), top_k)
+        ]
 
     def _default_function(self) -> str:
         problem = self.repo.config.get("problem_type")
@@ -140,6 +147,11 @@ class AudioClassification:
         return int(self.features.get("sampling_rate", 16000))
 
     def _waveform(self, wave: Any) -> np.ndarray:
+        if isinstance(wave, (str, bytes)):
+            raise InputError(
+                "give the audio as a waveform (decode files first, e.g. with soundfile); got "
+                f"a {type(wave).__name__}"
+            )
         if isinstance(wave, Mapping):
             if "sampling_rate" not in wave or not ({"array", "raw"} & set(wave)):
                 raise InputError(
@@ -161,12 +173,8 @@ class AudioClassification:
 
 
 def _checked_top_k(top_k: int | None) -> int | None:
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise InputError(f"top_k must be a positive int or None (every label); got {top_k!r}")
-    return top_k
+    return top_k_option(top_k, none=True)
 
 
 def _checked_function(function: str | None) -> str | None:
-    if function is not None and function not in SCORES:
-        raise InputError(f"function_to_apply must be one of {', '.join(SCORES)}; got {function!r}")
-    return function
+    return None if function is None else choice(function, "function_to_apply", SCORES)

@@ -40,6 +40,7 @@ import re
 import wave
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
 from transmuter.frontend.graph_edits import DURATIONS_OUTPUT, TOKEN_COUNT_INPUT, load_speech_model
+from transmuter.pipelines.base import Task
 from transmuter.pipelines.repo import Repo
 
 SAMPLING_RATE = 24000
@@ -60,8 +62,9 @@ SENTENCE_END = re.compile(r"(?<=[.!?;])\s*")
 NAMINGS = {"input_ids": "waveform", "tokens": "audio"}
 
 
-class TextToSpeech:
-    """`voice`: a name under voices/ or a weighted blend {"af_heart": 0.7, "am_adam": 0.3}
+class TextToSpeech(Task):
+    """Speak a text ({"audio", "sampling_rate", "durations"}), a list of texts (a list of
+    them) or a generator of texts (a generator of them). `voice`: a name under voices/ or a weighted blend {"af_heart": 0.7, "am_adam": 0.3}
     (weights normalized to sum to 1); `speed`: Kokoro's speed factor; both also per call.
     `fix_atan2`: see the module docstring."""
 
@@ -95,16 +98,20 @@ class TextToSpeech:
         self._packs: dict[str, np.ndarray] = {}
         self._compiled = None
 
-    def __call__(
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def run_items(
         self,
-        inputs: str | list[str],
+        items: list,
         *,
         phonemes: bool = False,
         voice: str | Mapping[str, float] | None = None,
         speed: float | None = None,
-    ):
-        if isinstance(inputs, list):
-            return [self(i, phonemes=phonemes, voice=voice, speed=speed) for i in inputs]
+    ) -> list:
+        return [self._speak_text(i, phonemes, voice, speed) for i in items]
+
+    def _speak_text(self, inputs: Any, phonemes: bool, voice: Any, speed: float | None):
         if not isinstance(inputs, str):
             raise InputError(f"text-to-speech takes a string or a list of them, not {inputs!r}")
         voice = self.voice if voice is None else voice

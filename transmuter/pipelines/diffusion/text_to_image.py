@@ -33,6 +33,7 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
+from transmuter.pipelines.base import Task, choice
 from transmuter.pipelines.diffusion.schedulers import Scheduler, make_scheduler
 from transmuter.pipelines.repo import Repo, json_file
 from transmuter.pipelines.vision.processors import load_image
@@ -166,8 +167,11 @@ class _Request:
     pixels: np.ndarray | None  # [batch, 3, height, width] in [-1, 1], for image-to-image
 
 
-class TextToImage:
-    """Generate images from prompts (a string or a list). Option: scheduler (a diffusers class
+class TextToImage(Task):
+    """Generate images from prompts: a prompt gives its images (num_images_per_prompt of them:
+    a list of Pillow images, or float32 [n, height, width, 3] in [0, 1] with
+    output_type="np"), a list of prompts a list with each prompt's images, a generator of
+    prompts a generator of them (one prompt a run). Option: scheduler (a diffusers class
     name or "euler", "euler_a", "ddim", "dpm++2m"; default the repo's scheduler_config.json).
     Per call: num_inference_steps (50), guidance_scale (7.5; above 1 runs classifier-free
     guidance), guidance_rescale (0.0; diffusers' rescale of the guided prediction toward the
@@ -178,7 +182,7 @@ class TextToImage:
     ancestral samplers' per-step noise included), image and strength (0.8) for image-to-image
     (then latents is the noise added; diffusers' img2img has no guidance_rescale, the same
     step applies here), output_type ("pil": a list of Pillow images; "np": float32
-    [batch, height, width, 3] in [0, 1]), callback (called as callback(step, timestep,
+    [n, height, width, 3] in [0, 1]), callback (called as callback(step, timestep,
     latents) after each step, from inside the compiled loop). A tqdm bar shows the steps when
     stderr is a terminal."""
 
@@ -254,9 +258,20 @@ class TextToImage:
             )
         return length, pad_id
 
-    def __call__(
+    def __call__(self, prompt: Any = None, **options: Any) -> Any:
+        if prompt is None:
+            raise InputError("give a prompt, a list of prompts or a generator of them")
+        return super().__call__(prompt, **options)
+
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def describe_items(self) -> str:
+        return "give a prompt, a list of prompts or a generator of them"
+
+    def run_items(
         self,
-        prompt: str | Sequence[str],
+        items: list,
         *,
         negative_prompt: str | Sequence[str] | None = None,
         num_inference_steps: int = 50,
@@ -271,11 +286,11 @@ class TextToImage:
         strength: float | None = None,
         output_type: str = "pil",
         callback: Callable[[int, float, np.ndarray], Any] | None = None,
-    ) -> Any:
-        if output_type not in ("pil", "np"):
-            raise InputError(f"output_type must be 'pil' or 'np'; got {output_type!r}")
+    ) -> list:
+        """Each prompt's images (the Serving contract: one result per prompt)."""
+        choice(output_type, "output_type", ("pil", "np"))
         request = self._request(
-            prompt,
+            items,
             negative_prompt,
             num_inference_steps,
             guidance_scale,
@@ -301,11 +316,16 @@ class TextToImage:
             float(guidance_scale),
             callback,
         )
+        per_prompt = images.shape[0] // len(items)
+        groups = [images[i * per_prompt : (i + 1) * per_prompt] for i in range(len(items))]
         if output_type == "np":
-            return images
+            return groups
         from PIL import Image
 
-        return [Image.fromarray(np.round(row * 255).astype(np.uint8)) for row in images]
+        return [
+            [Image.fromarray(np.round(row * 255).astype(np.uint8)) for row in group]
+            for group in groups
+        ]
 
     def _request(
         self, prompt, negative, steps, guidance, rescale, height, width, per_prompt, image, strength

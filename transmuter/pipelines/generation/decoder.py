@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,29 +25,23 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.generation.choice import (
+    Settings,
+    Tracker,
+    choose,
+    decode_loop,
+    mark_seen,
+    row_keys,
+    seen_tokens,
+)
 from transmuter.pipelines.shapes import pow2
+
+__all__ = ["Decoder", "Settings", "Tracker", "choose", "left_padded", "past_layout"]
 
 # Prompt lengths and buffer lengths are padded to powers of two, at least these.
 MIN_PROMPT_BUCKET = 8
 MIN_PAST_BUCKET = 64
 _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "use_cache_branch"}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What chooses a token; part of each program's cache key (it decides the program)."""
-
-    sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    eos: tuple[int, ...] = ()
-    min_new_tokens: int = 0  # no end of sequence before this many new tokens
-    suppress: tuple[int, ...] = ()  # never chosen (generation_config's suppress_tokens)
-    begin_suppress: tuple[int, ...] = ()  # not chosen as the first new token
-    forced_bos: int | None = None  # the first new token
-    forced_eos: tuple[int, ...] = ()  # the last new token (at max_new_tokens)
 
 
 class Decoder:
@@ -59,7 +51,8 @@ class Decoder:
     def __init__(self, model: transmuter.Model, *, merged: bool):
         self.model = model
         self.merged = merged
-        self.pasts = [n for n in model.inputs if n.startswith("past_key_values.")]
+        layout = past_layout(model)
+        self.pasts = layout.own
         if not self.pasts:
             raise ModelLoadError(
                 f"{model.source} takes no past_key_values.*: text generation needs a decoder "
@@ -73,7 +66,7 @@ class Decoder:
                 f"position_ids, use_cache_branch and past_key_values.*; this model takes "
                 f"{model.inputs}"
             )
-        self.presents = {p: _present_name(p, model.outputs) for p in self.pasts}
+        self.presents = layout.presents
         self.positions = "position_ids" in model.inputs
         self.masked = "attention_mask" in model.inputs
         self.past_shapes = {p: past_shape(model, p) for p in self.pasts}
@@ -82,11 +75,11 @@ class Decoder:
         # closed-over concrete array stays concrete, so its If picks a branch on the host (a
         # numpy value would be staged as a traced input, and the branches differ in shape).
         self._branch = {flag: jnp.array([flag]) for flag in (False, True)}
-        self._prefill = jax.jit(self._prefill_step, static_argnames=("length", "settings"))
+        self._prefill = jax.jit(self._prefill_step, static_argnames=("length", "rules"))
         self._decode = jax.jit(
-            self._decode_step, static_argnames=("settings",), donate_argnames=("past", "mask")
+            self._decode_step, static_argnames=("rules",), donate_argnames=("past", "mask")
         )
-        self._exact = jax.jit(self._exact_step, static_argnames=("use_cache", "settings"))
+        self._exact = jax.jit(self._exact_step, static_argnames=("use_cache", "rules"))
 
     # --- the steps (traced) ----------------------------------------------------------------
 
@@ -100,10 +93,10 @@ class Decoder:
             inputs["use_cache_branch"] = self._branch[use_cache]
         return inputs
 
-    def _prefill_step(self, params, ids, mask, positions, seen, step, key, *, length, settings):
+    def _prefill_step(self, params, ids, mask, positions, seen, keys, sampling, *, length, rules):
         self.programs += 1
         logits, past, past_mask = self.prefill_past(params, ids, mask, positions, length)
-        return choose(logits, seen, step, key, settings), past, past_mask
+        return choose(logits, seen, 0, keys, sampling, rules), past, past_mask
 
     def prefill_past(self, params, ids, mask, positions, length: int):
         """(Traced.) The prompt's last logits, and its keys and values written to the start of
@@ -135,14 +128,14 @@ class Decoder:
         return out["logits"][:, -1], new
 
     def _decode_step(
-        self, params, token, positions, seen, step, key, slot, past, mask, *, settings
+        self, params, token, positions, seen, step, keys, sampling, slot, past, mask, *, rules
     ):
         self.programs += 1
         ones = jnp.ones((mask.shape[0], 1), mask.dtype)
         logits, updated, mask = self.extend_past(
             params, token[:, None], ones, positions[:, None], slot, past, mask
         )
-        return choose(logits, seen, step, key, settings), updated, mask
+        return choose(logits, seen, step, keys, sampling, rules), updated, mask
 
     def extend_past(self, params, ids, mask, positions, offset, past, past_mask):
         """(Traced.) New tokens after the past in a buffer (the next token, or the next chunk
@@ -163,14 +156,14 @@ class Decoder:
         return out["logits"][:, -1], updated, past_mask
 
     def _exact_step(
-        self, params, ids, mask, positions, seen, step, key, past, *, use_cache, settings
+        self, params, ids, mask, positions, seen, step, keys, sampling, past, *, use_cache, rules
     ):
         self.programs += 1
         out = transmuter.run(
             self.model, self._inputs(ids, mask, positions, past, use_cache), params=params
         )
         present = {name: out[self.presents[name]] for name in self.pasts}
-        return choose(out["logits"][:, -1], seen, step, key, settings), present
+        return choose(out["logits"][:, -1], seen, step, keys, sampling, rules), present
 
     def shapes(self):
         """Each past input's name, and its (heads, head size) and dtype."""
@@ -184,7 +177,7 @@ class Decoder:
         *,
         pad_id: int,
         max_new_tokens: int,
-        settings: Settings = Settings(),
+        settings: Settings | None = None,
         key: Any = None,
         on_token: Callable[[int, int], bool] | None = None,
     ) -> list[list[int]]:
@@ -196,6 +189,7 @@ class Decoder:
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be at least 1; got {max_new_tokens}")
         key = jax.random.key(0) if key is None else key
+        settings = Settings() if settings is None else settings
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
             if not self.positions:
                 return [
@@ -209,71 +203,59 @@ class Decoder:
         ids, mask, positions = left_padded(prompts, pad_id)
         width = ids.shape[1]
         length = pow2(width + max_new, MIN_PAST_BUCKET)
-        seen = self._seen(ids, settings)
-        params = self.model.params
-        step = jnp.int32(0)
-        token, past, past_mask = self._prefill(
-            params, ids, mask, positions, seen, step, key, length=length, settings=settings
+        params, rules = self.model.params, settings.rules
+        sampling, keys = settings.sampling(batch), row_keys(key, batch)
+        state = {"seen": seen_tokens(ids, settings, lambda: self.vocab_size)}
+
+        def first():
+            token, state["past"], state["mask"] = self._prefill(
+                params, ids, mask, positions, state["seen"], keys, sampling,
+                length=length, rules=rules,
+            )  # fmt: skip
+            return token
+
+        def step(token, index):
+            state["seen"] = mark_seen(state["seen"], token)
+            token, state["past"], state["mask"] = self._decode(
+                params, token, jnp.asarray(positions[:, -1] + index), state["seen"],
+                jnp.int32(index), keys, sampling, jnp.int32(width + index - 1), state["past"],
+                state["mask"], rules=rules,
+            )  # fmt: skip
+            return token
+
+        return decode_loop(
+            first, step, batch=batch, max_new_tokens=max_new, eos=settings.eos, on_token=on_token
         )
-        next_position = positions[:, -1] + 1
-        tracker = Tracker(batch, max_new, settings.eos, on_token)
-        for index in range(max_new):
-            chosen = np.asarray(token)
-            if tracker.take(chosen) or index == max_new - 1:
-                break
-            seen = mark_seen(seen, token)
-            token, past, past_mask = self._decode(
-                params,
-                token,
-                jnp.asarray(next_position + index),
-                seen,
-                jnp.int32(index + 1),
-                key,
-                jnp.int32(width + index),
-                past,
-                past_mask,
-                settings=settings,
-            )
-        return tracker.rows
 
     def _generate_exact(self, prompt, row, max_new, settings, key, on_token):
         """One prompt at exact shapes: the past grows by one each step (a program per token)."""
         ids = np.asarray([prompt], np.int64)
-        mask = np.ones_like(ids)
-        positions = np.arange(ids.shape[1], dtype=np.int64)[None]
-        seen = self._seen(ids, settings)
-        past = {p: jnp.zeros((1, s[0], 0, s[1]), d) for p, (s, d) in self.shapes()}
-        tracker = Tracker(1, max_new, settings.eos, on_token and partial(_row, on_token, row))
-        for index in range(max_new):
-            token, past = self._exact(
-                self.model.params,
-                ids,
-                mask,
-                positions,
-                seen,
-                jnp.int32(index),
-                key,
-                past,
-                use_cache=index > 0,
-                settings=settings,
-            )
-            if tracker.take(np.asarray(token)):
-                break
-            seen = mark_seen(seen, token)
-            ids = np.asarray(token)[:, None].astype(np.int64)
-            mask = np.ones((1, mask.shape[1] + 1), np.int64)
-            positions = positions[:, -1:] + 1
-        return tracker.rows[0]
+        sampling, keys, rules = settings.sampling(1), row_keys(key, 1), settings.rules
+        state = {
+            "seen": seen_tokens(ids, settings, lambda: self.vocab_size),
+            "past": {p: jnp.zeros((1, s[0], 0, s[1]), d) for p, (s, d) in self.shapes()},
+            "length": ids.shape[1],
+        }
 
-    def _seen(self, ids: np.ndarray, settings: Settings):
-        """Which tokens each row holds, for the repetition penalty (the pads too, as
-        transformers counts them); a dummy when there is no penalty."""
-        if settings.repetition_penalty == 1.0:
-            return jnp.zeros((ids.shape[0], 0), bool)
-        vocab = self.vocab_size
-        seen = np.zeros((ids.shape[0], vocab), bool)
-        np.put_along_axis(seen, ids, True, axis=1)
-        return jnp.asarray(seen)
+        def run(ids, positions, index):
+            mask = np.ones((1, state["length"]), np.int64)
+            token, state["past"] = self._exact(
+                self.model.params, ids, mask, positions, state["seen"], jnp.int32(index), keys,
+                sampling, state["past"], use_cache=index > 0, rules=rules,
+            )  # fmt: skip
+            return token
+
+        def step(token, index):
+            state["seen"] = mark_seen(state["seen"], token)
+            state["length"] += 1
+            position = np.asarray([[state["length"] - 1]], np.int64)
+            return run(np.asarray(token)[:, None].astype(np.int64), position, index)
+
+        first = lambda: run(ids, np.arange(ids.shape[1], dtype=np.int64)[None], 0)  # noqa: E731
+        watch = None if on_token is None else (lambda _, token: on_token(row, token))
+        return decode_loop(
+            first, step, batch=1, max_new_tokens=max_new, eos=settings.eos, on_token=watch
+        )[0]
 
     @property
     def vocab_size(self) -> int:
@@ -282,79 +264,6 @@ class Decoder:
         if not isinstance(size, int):
             raise ModelLoadError(f"{self.model.source}: logits declare no vocabulary size")
         return size
-
-
-def _row(on_token, row, _, token):
-    return on_token(row, token)
-
-
-class Tracker:
-    """The tokens each row has made, and which rows are done (end of sequence or stopped)."""
-
-    def __init__(self, batch, max_new, eos, on_token):
-        self.rows: list[list[int]] = [[] for _ in range(batch)]
-        self.done = [False] * batch
-        self.max_new, self.eos, self.on_token = max_new, set(eos), on_token
-
-    def take(self, tokens: np.ndarray) -> bool:
-        """Record one step's tokens; True when every row is done."""
-        for row, token in enumerate(tokens.tolist()):
-            if self.done[row]:
-                continue
-            self.rows[row].append(token)
-            stopped = self.on_token is not None and self.on_token(row, token)
-            if token in self.eos or stopped or len(self.rows[row]) >= self.max_new:
-                self.done[row] = True
-        return all(self.done)
-
-
-def choose(logits, seen, step, key, settings: Settings, last=False):
-    """The next token of each row from its logits, as transformers' logits processors order
-    it: repetition penalty, minimum length (no end of sequence before it), suppressed tokens,
-    then greedy, or temperature, top-k and top-p before sampling; a forced first token (at
-    `step` 0) or last one (where `last`, traced) overrides the choice."""
-    token = _choose(logits, seen, step, key, settings)
-    if settings.forced_bos is not None:
-        token = jnp.where(step == 0, settings.forced_bos, token)
-    if settings.forced_eos:
-        token = jnp.where(last, min(settings.forced_eos), token)
-    return token
-
-
-def _choose(logits, seen, step, key, settings: Settings):
-    logits = logits.astype(jnp.float32)
-    if settings.repetition_penalty != 1.0:
-        penalty = settings.repetition_penalty
-        logits = jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
-    if settings.eos:
-        early = step < settings.min_new_tokens
-        blocked = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(settings.eos)].set(True)
-        logits = jnp.where(early & blocked, -jnp.inf, logits)
-    if settings.suppress:
-        logits = logits.at[:, jnp.asarray(settings.suppress)].set(-jnp.inf)
-    if settings.begin_suppress:
-        begin = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(settings.begin_suppress)].set(True)
-        logits = jnp.where((step == 0) & begin, -jnp.inf, logits)
-    if not settings.sample:
-        return jnp.argmax(logits, axis=-1)
-    logits = logits / settings.temperature
-    if settings.top_k:
-        kth = jax.lax.top_k(logits, min(settings.top_k, logits.shape[-1]))[0][:, -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if settings.top_p < 1.0:
-        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(ordered, axis=-1)
-        # Keep the smallest set whose probability reaches top_p (at least one token).
-        before = jnp.cumsum(probs, axis=-1) - probs
-        cutoff = jnp.min(jnp.where(before < settings.top_p, ordered, jnp.inf), axis=-1)
-        logits = jnp.where(logits < cutoff[:, None], -jnp.inf, logits)
-    return jax.random.categorical(jax.random.fold_in(key, step), logits, axis=-1)
-
-
-def mark_seen(seen, token):
-    if seen.shape[1] == 0:
-        return seen
-    return seen.at[jnp.arange(seen.shape[0]), token].set(True)
 
 
 def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):
@@ -369,14 +278,47 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):
     return ids, mask, np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
 
 
-def _present_name(past: str, outputs: Sequence[str]) -> str:
-    """Optimum's present.{i}.key for past_key_values.{i}.key."""
-    name = "present." + past.removeprefix("past_key_values.")
-    if name not in outputs:
-        raise ModelLoadError(
-            f"the model takes {past!r} but returns no {name!r}; outputs: {outputs}"
-        )
-    return name
+# The namings of a decoder's past inputs and the outputs that return them, in Optimum's and
+# transformers.js's exports: past_key_values.{i}.key / .value with present.{i}.key (decoder-only
+# models, and the decoder of a VisionEncoderDecoder such as GPT-2, which reads the encoder's
+# states at every step); past_key_values.{i}.decoder.key (self-attention) and
+# past_key_values.{i}.encoder.key (cross-attention, computed once) with present.{i}.decoder.key
+# and present.{i}.encoder.key (encoder-decoders). Some exporters name the outputs
+# present_key_values.*.
+PAST_PREFIX = "past_key_values."
+PRESENT_PREFIXES = ("present.", "present_key_values.")
+
+
+class PastLayout(NamedTuple):
+    """A decoder's past inputs: `own` (self-attention, growing by a token a step) and `cross`
+    (cross-attention, fixed after the first step), and the output returning each."""
+
+    own: list[str]
+    cross: list[str]
+    presents: dict[str, str]
+
+
+def past_layout(model, *, outputs: Sequence[str] | None = None) -> PastLayout:
+    """The past inputs of `model` and the output of `outputs` (default: the model's own) that
+    returns each, in any of the namings above; a past with no output is a ModelLoadError
+    naming what was looked for. Cross-attention pasts may have no output in a with-past
+    decoder (it only reads them): they map to the name a first step would return."""
+    outputs = list(model.outputs if outputs is None else outputs)
+    pasts = [n for n in model.inputs if n.startswith(PAST_PREFIX)]
+    cross = [n for n in pasts if ".encoder." in n]
+    own = [n for n in pasts if n not in cross]
+    presents = {}
+    for name in pasts:
+        rest = name.removeprefix(PAST_PREFIX)
+        candidates = [prefix + rest for prefix in PRESENT_PREFIXES]
+        found = next((c for c in candidates if c in outputs), None)
+        if found is None and name in own:
+            raise ModelLoadError(
+                f"{model.source} takes {name!r} but returns none of {candidates}; it returns "
+                f"{outputs}"
+            )
+        presents[name] = found or candidates[0]
+    return PastLayout(own, cross, presents)
 
 
 def past_shape(model, name: str):

@@ -45,7 +45,15 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.generation.decoder import Settings, Tracker, choose, mark_seen, past_shape
+from transmuter.pipelines.generation.choice import (
+    Settings,
+    choose,
+    decode_loop,
+    mark_seen,
+    row_keys,
+    seen_tokens,
+)
+from transmuter.pipelines.generation.decoder import past_layout, past_shape
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.shapes import pow2
 
@@ -143,24 +151,28 @@ class Seq2SeqDecoder(_EncoderDecoder):
         self.merged = "use_cache_branch" in self.step.inputs
         # The decoder's tokens go in as input_ids, or as embed_tokens.onnx's inputs_embeds.
         self.embed = repo.model("embed_tokens") if "inputs_embeds" in self.step.inputs else None
-        pasts = [n for n in self.step.inputs if n.startswith(_PAST)]
-        self.own = [n for n in pasts if ".encoder." not in n]  # self-attention: grows
-        self.cross = [n for n in pasts if ".encoder." in n]  # cross-attention: fixed
-        if not self.own or not self.cross:
+        # Self-attention pasts grow a token a step; cross-attention ones (where the export has
+        # them: not GPT-2's in a VisionEncoderDecoder, which reads encoder_hidden_states at
+        # every step) are the first step's, fixed.
+        layout = past_layout(self.step)
+        self.own, self.cross = layout.own, layout.cross
+        if not self.own:
             raise ModelLoadError(
-                f"{self.step.source}: the with-past decoder takes past_key_values.*.decoder.* "
-                f"and past_key_values.*.encoder.* in Optimum's exports; it takes {pasts}"
+                f"{self.step.source}: the with-past decoder takes no past_key_values.* (Optimum's "
+                f"past_key_values.{{i}}.key or past_key_values.{{i}}.decoder.key); it takes "
+                f"{self.step.inputs}"
             )
-        for name in pasts:
-            present = "present." + name.removeprefix(_PAST)
-            if name in self.own and present not in self.step.outputs:
-                raise ModelLoadError(f"{self.step.source} returns no {present!r}")
-            if present not in self.first.outputs:
-                raise ModelLoadError(f"{self.first.source} returns no {present!r}")
+        # What the first step returns for each past (the cross-attention's too).
+        self.presents = past_layout(self.step, outputs=self.first.outputs).presents
+        missing = [
+            self.presents[n] for n in layout.cross if self.presents[n] not in self.first.outputs
+        ]
+        if missing:
+            raise ModelLoadError(f"{self.first.source} returns no {missing}")
         self.masked = "encoder_attention_mask" in self.first.inputs
-        self.past_shapes = {n: past_shape(self.step, n) for n in pasts}
-        self._start = jax.jit(self._start_step, static_argnames=("settings", "no_repeat"))
-        self._next = jax.jit(self._next_step, static_argnames=("settings", "no_repeat"))
+        self.past_shapes = {n: past_shape(self.step, n) for n in (*self.own, *self.cross)}
+        self._start = jax.jit(self._start_step, static_argnames=("rules", "no_repeat"))
+        self._next = jax.jit(self._next_step, static_argnames=("rules", "no_repeat"))
 
     def encoder_params(self) -> Any:
         """The parameters `encode` reads."""
@@ -181,8 +193,9 @@ class Seq2SeqDecoder(_EncoderDecoder):
         return {"inputs_embeds": out["inputs_embeds"]}
 
     def _start_step(
-        self, params, encoder_inputs, prompt, seen, key, last, history, *, settings, no_repeat
-    ):
+        self, params, encoder_inputs, prompt, seen, keys, sampling, last, history, *, rules,
+        no_repeat,
+    ):  # fmt: skip
         """Encode, then run the decoder on the prompt."""
         self.programs += 1
         encoder_params, first_params, embed_params = params
@@ -196,13 +209,13 @@ class Seq2SeqDecoder(_EncoderDecoder):
                 inputs[name] = jnp.zeros((batch, heads, 0, size), dtype)
             inputs["use_cache_branch"] = self._branch[False]
         out = transmuter.run(self.first, _only(inputs, self.first), params=first_params)
-        present = {n: out["present." + n.removeprefix(_PAST)] for n in (*self.own, *self.cross)}
+        present = {n: out[self.presents[n]] for n in (*self.own, *self.cross)}
         context = {"encoder_attention_mask": mask, "encoder_hidden_states": hidden}
         context = {k: v for k, v in context.items() if k in self.step.inputs}
         logits = out["logits"][:, -1]
         if no_repeat:
             logits = _no_repeat(logits, history, prompt.shape[1], no_repeat)
-        token = choose(logits, seen, 0, key, settings, last)
+        token = choose(logits, seen, 0, keys, sampling, rules, last)
         return token, present, context
 
     def _next_step(
@@ -213,12 +226,13 @@ class Seq2SeqDecoder(_EncoderDecoder):
         context,
         seen,
         step,
-        key,
+        keys,
+        sampling,
         last,
         history,
         length,
         *,
-        settings,
+        rules,
         no_repeat,
     ):
         """One token through the with-past decoder: the next token, the grown self-attention
@@ -230,14 +244,14 @@ class Seq2SeqDecoder(_EncoderDecoder):
         if self.merged:
             inputs["use_cache_branch"] = self._branch[True]
         out = transmuter.run(self.step, inputs, params=step_params)
-        grown = {n: out["present." + n.removeprefix(_PAST)] for n in self.own}
+        grown = {n: out[self.presents[n]] for n in self.own}
         logits = out["logits"][:, -1]
         if no_repeat:
             history = jax.lax.dynamic_update_slice_in_dim(
                 history, token[:, None].astype(history.dtype), length - 1, axis=1
             )
             logits = _no_repeat(logits, history, length, no_repeat)
-        return choose(logits, seen, step, key, settings, last), grown, history
+        return choose(logits, seen, step, keys, sampling, rules, last), grown, history
 
     # --- the loop (host) -------------------------------------------------------------------
 
@@ -251,42 +265,34 @@ class Seq2SeqDecoder(_EncoderDecoder):
             history = np.zeros((batch, len(prompt) + max_new_tokens), np.int64)
             history[:, : len(prompt)] = ids
         embed_params = None if self.embed is None else self.embed.params
-        with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
-            seen = _seen(self.step, ids, settings)
+        sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
+        state = {"seen": seen_tokens(ids, settings, lambda: _vocab(self.step)), "history": history}
+
+        def first():
             params = (self.encoder_params(), self.first.params, embed_params)
-            token, present, context = self._start(
-                params,
-                dict(encoder_inputs),
-                ids,
-                seen,
-                key,
-                max_new_tokens == 1,
-                history,
-                settings=settings,
-                no_repeat=no_repeat,
-            )
-            cross = {n: present[n] for n in self.cross}
-            past = {n: present[n] for n in self.own}
-            tracker = Tracker(batch, max_new_tokens, settings.eos, on_token)
-            for index in range(1, max_new_tokens + 1):
-                if tracker.take(np.asarray(token)) or index == max_new_tokens:
-                    break
-                seen = mark_seen(seen, token)
-                token, past, history = self._next(
-                    (self.step.params, embed_params),
-                    token,
-                    {**past, **cross},
-                    context,
-                    seen,
-                    jnp.int32(index),
-                    key,
-                    index == max_new_tokens - 1,
-                    history,
-                    jnp.int32(len(prompt) + index),
-                    settings=settings,
-                    no_repeat=no_repeat,
-                )
-        return tracker.rows
+            token, present, state["context"] = self._start(
+                params, dict(encoder_inputs), ids, state["seen"], keys, sampling,
+                max_new_tokens == 1, history, rules=rules, no_repeat=no_repeat,
+            )  # fmt: skip
+            state["cross"] = {n: present[n] for n in self.cross}
+            state["past"] = {n: present[n] for n in self.own}
+            return token
+
+        def step(token, index):
+            state["seen"] = mark_seen(state["seen"], token)
+            token, state["past"], state["history"] = self._next(
+                (self.step.params, embed_params), token, {**state["past"], **state["cross"]},
+                state["context"], state["seen"], jnp.int32(index), keys, sampling,
+                index == max_new_tokens - 1, state["history"], jnp.int32(len(prompt) + index),
+                rules=rules, no_repeat=no_repeat,
+            )  # fmt: skip
+            return token
+
+        with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
+            return decode_loop(
+                first, step, batch=batch, max_new_tokens=max_new_tokens, eos=settings.eos,
+                on_token=on_token,
+            )  # fmt: skip
 
 
 class PaddedSeq2SeqDecoder(_EncoderDecoder):
@@ -316,12 +322,14 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         pasts = [n for n in names if n.startswith(_PAST)] if self.merged else []
         self.past_shapes = {n: past_shape(self.decoder, n) for n in pasts}
         self.masked = "encoder_attention_mask" in names
-        self._start = jax.jit(self._start_step, static_argnames=("settings",))
-        self._next = jax.jit(self._next_step, static_argnames=("settings",))
+        self._start = jax.jit(self._start_step, static_argnames=("rules", "no_repeat"))
+        self._next = jax.jit(self._next_step, static_argnames=("rules", "no_repeat"))
 
     # --- the steps (traced) ----------------------------------------------------------------
 
-    def _start_step(self, params, encoder_inputs, ids, length, seen, key, last, *, settings):
+    def _start_step(
+        self, params, encoder_inputs, ids, length, seen, keys, sampling, last, *, rules, no_repeat
+    ):
         """Encode, then choose the first new token after the prompt `ids[:, :length]`."""
         self.programs += 1
         encoder_params, decoder_params = params
@@ -330,12 +338,19 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         if self.masked:
             context["encoder_attention_mask"] = encoder_inputs.get("attention_mask")
         logits = self._logits(decoder_params, ids, length, context)
-        return choose(logits, seen, 0, key, settings, last), context
+        if no_repeat:
+            logits = _no_repeat(logits, ids, length, no_repeat)
+        return choose(logits, seen, 0, keys, sampling, rules, last), context
 
-    def _next_step(self, params, ids, length, context, seen, step, key, last, *, settings):
+    def _next_step(
+        self, params, ids, length, context, seen, step, keys, sampling, last, *, rules, no_repeat
+    ):
         """The token after `ids[:, :length]`."""
         self.programs += 1
-        return choose(self._logits(params, ids, length, context), seen, step, key, settings, last)
+        logits = self._logits(params, ids, length, context)
+        if no_repeat:
+            logits = _no_repeat(logits, ids, length, no_repeat)
+        return choose(logits, seen, step, keys, sampling, rules, last)
 
     def _logits(self, params, ids, length, context):
         inputs = {"input_ids": ids, **context}
@@ -352,47 +367,35 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
     def _decode(
         self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token, no_repeat
     ):
-        if no_repeat:
-            raise InputError(
-                'decoding="padded" does not ban repeated n-grams (no_repeat_ngram_size); '
-                'use decoding="past"'
-            )
-        length = len(prompt)
-        ids = np.zeros((batch, self._bucket(length)), np.int64)
-        ids[:, :length] = prompt
-        with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
-            seen = _seen(self.decoder, ids[:, :length], settings)
+        ids = np.zeros((batch, self._bucket(len(prompt))), np.int64)
+        ids[:, : len(prompt)] = prompt
+        sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
+        seen = seen_tokens(ids[:, : len(prompt)], settings, lambda: _vocab(self.decoder))
+        state = {"ids": ids, "seen": seen}
+
+        def first():
             params = (self.encoder.params, self.decoder.params)
-            token, context = self._start(
-                params,
-                dict(encoder_inputs),
-                ids,
-                np.int32(length),
-                seen,
-                key,
-                max_new_tokens == 1,
-                settings=settings,
-            )
-            tracker = Tracker(batch, max_new_tokens, settings.eos, on_token)
-            for index in range(1, max_new_tokens + 1):
-                chosen = np.asarray(token)
-                if tracker.take(chosen) or index == max_new_tokens:
-                    break
-                seen = mark_seen(seen, token)
-                ids = self._appended(ids, length, chosen)
-                length += 1
-                token = self._next(
-                    self.decoder.params,
-                    ids,
-                    np.int32(length),
-                    context,
-                    seen,
-                    jnp.int32(index),
-                    key,
-                    index == max_new_tokens - 1,
-                    settings=settings,
-                )
-        return tracker.rows
+            token, state["context"] = self._start(
+                params, dict(encoder_inputs), ids, np.int32(len(prompt)), state["seen"], keys,
+                sampling, max_new_tokens == 1, rules=rules, no_repeat=no_repeat,
+            )  # fmt: skip
+            return token
+
+        def step(token, index):
+            length = len(prompt) + index  # the tokens so far, `token` the last
+            state["seen"] = mark_seen(state["seen"], token)
+            state["ids"] = self._appended(state["ids"], length - 1, np.asarray(token))
+            return self._next(
+                self.decoder.params, state["ids"], np.int32(length), state["context"],
+                state["seen"], jnp.int32(index), keys, sampling, index == max_new_tokens - 1,
+                rules=rules, no_repeat=no_repeat,
+            )  # fmt: skip
+
+        with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
+            return decode_loop(
+                first, step, batch=batch, max_new_tokens=max_new_tokens, eos=settings.eos,
+                on_token=on_token,
+            )  # fmt: skip
 
     def _bucket(self, length: int) -> int:
         size = pow2(length, MIN_DECODER_BUCKET)
@@ -418,17 +421,13 @@ def seq2seq_decoder(repo: Repo, task: str, decoding: str) -> Seq2SeqDecoder | Pa
     return DECODINGS[decoding](repo, task)
 
 
-def _seen(model, ids: np.ndarray, settings: Settings):
-    """The tokens each row has seen, for the repetition penalty (an empty mask without it)."""
-    if settings.repetition_penalty == 1.0:
-        return jnp.zeros((ids.shape[0], 0), bool)
+def _vocab(model) -> int:
+    """The vocabulary size the logits declare, for the repetition penalty's seen tokens."""
     spec = model.output_specs["logits"]
     vocab = spec.shape[-1] if spec is not None and spec.shape else None
     if not isinstance(vocab, int):
         raise ModelLoadError(f"{model.source}: logits declare no vocabulary size")
-    seen = np.zeros((ids.shape[0], vocab), bool)
-    np.put_along_axis(seen, ids, True, axis=1)
-    return jnp.asarray(seen)
+    return vocab
 
 
 def _no_repeat(logits, history, length, size: int):

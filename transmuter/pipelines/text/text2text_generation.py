@@ -7,23 +7,25 @@ same with the task's prefix from config.json's task_specific_params ("summarize:
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.generation.decoder import Settings
+from transmuter.pipelines.base import positive_int
+from transmuter.pipelines.generation.choice import Settings
 from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.text.text_generation import GENERATION_DEFAULTS, TextGeneration
+from transmuter.pipelines.text.text_generation import TextGeneration
 
 
 class Text2TextGeneration(TextGeneration):
-    """Generate from texts with an encoder-decoder export. Options as text-generation's
-    (max_new_tokens, min_new_tokens, do_sample, temperature, top_k, top_p,
-    repetition_penalty, eos_token_id, stop, on_token; per call key), without
-    return_full_text. generation_config.json's decoder_start_token_id starts each output, and
+    """Generate from texts with an encoder-decoder export: a text gives [{"generated_text"}],
+    a list of texts a list of {"generated_text"} (transformers flattens the lists of one), a
+    generator a generator of [{"generated_text"}]. Options as text-generation's
+    (max_new_tokens, max_length, min_new_tokens, min_length, do_sample, temperature, top_k,
+    top_p, repetition_penalty, no_repeat_ngram_size, eos_token_id, stop, on_token; per call
+    key), without return_full_text. generation_config.json's decoder_start_token_id starts each output, and
     its forced_bos_token_id, forced_eos_token_id, suppress_tokens and begin_suppress_tokens
     apply as in transformers. `decoding` ("past" or "padded", seq2seq.py) trades the first
     generation's compiles (a program per token with "past") against each step's work."""
@@ -31,37 +33,65 @@ class Text2TextGeneration(TextGeneration):
     task = "text2text-generation"
     output_key = "generated_text"
 
-    def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
+    def __init__(self, repo: Repo, *, decoding: str = "past", batch_size: int = 8, **options: Any):
         self.repo = repo
+        self.batch_size = positive_int(batch_size, "batch_size")
         self.tokenizer = repo.require_tokenizer(self.task)
         self.decoder = seq2seq_decoder(repo, self.task, decoding)
-        self.prefix, task_defaults = task_parameters(repo, self.task)
-        self._set_defaults(options, **task_defaults)
+        self.prefix = task_prefix(repo, self.task)
+        self._set_defaults(options)
 
-    def __call__(self, inputs: str | Sequence[str], *, key: Any = None, **options: Any) -> Any:
-        if isinstance(inputs, str):
-            return self([inputs], key=key, **options)
-        if (
-            not isinstance(inputs, Sequence)
-            or not inputs
-            or not all(isinstance(p, str) for p in inputs)
-        ):
-            raise InputError(f"give a text or a non-empty list of them; got {inputs!r}")
-        encoded = [self.tokenizer.encode(self.prefix + t).ids for t in inputs]
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        results = super().__call__(inputs, **options)
+        # transformers answers a list of texts with each text's one answer, not a list of it.
+        return [r[0] for r in results] if isinstance(inputs, list) else results
+
+    def describe_items(self) -> str:
+        return "give a text, a list of texts or a generator of them"
+
+    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+        if not all(isinstance(t, str) for t in items):
+            raise InputError(f"{self.describe_items()}; got {items!r}")
+        encoded = [self.tokenizer.encode(self.prefix + t).ids for t in items]
         rows = self.generate(encoded, key=key, **options)
-        return [{self.output_key: self._text(row)} for row in rows]
+        return [[{self.output_key: self._text(row)}] for row in rows]
 
     def generate(self, inputs: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids for each input (lists of token ids), up to and including its end
         of sequence token."""
-        given, key = self._given(options, key)
-        max_new = int(given["max_new_tokens"])
-        prompt = start_tokens(self.repo)
-        self._check_length(len(prompt) + max_new)
-        settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
-        encoder_inputs = self.decoder.text_inputs([list(r) for r in inputs], self._pad_id(settings))
-        return self._streamed(
+        if not inputs or any(len(r) == 0 for r in inputs):
+            raise InputError("give at least one input of at least one token")
+        return self.decode(
+            lambda settings: self.decoder.text_inputs(
+                [list(r) for r in inputs], self._pad_id(settings)
+            ),
+            start_tokens(self.repo),
             len(inputs),
+            options,
+            key,
+        )
+
+    def decode(
+        self,
+        encoder_inputs: Mapping[str, Any] | Any,
+        prompt: list[int],
+        batch: int,
+        options: dict[str, Any],
+        key: Any = None,
+    ) -> list[list[int]]:
+        """What every encoder-decoder task's `generate` shares: the options in force, the
+        lengths counted after the decoder's `prompt`, the token choice with
+        generation_config.json's forced and suppressed tokens, streaming and stop strings,
+        and `self.decoder`'s decoding of `batch` rows from `encoder_inputs` (a mapping, or a
+        function of the Settings giving it)."""
+        given, key = self._given(options, key)
+        max_new, settings = self._lengths(given, len(prompt))
+        self._check_length(len(prompt) + max_new)
+        settings = seq2seq_settings(self.repo, settings, len(prompt))
+        if callable(encoder_inputs):
+            encoder_inputs = encoder_inputs(settings)
+        return self._streamed(
+            batch,
             given,
             lambda on_token: self.decoder.generate(
                 encoder_inputs,
@@ -70,6 +100,7 @@ class Text2TextGeneration(TextGeneration):
                 settings=settings,
                 key=key,
                 on_token=on_token,
+                no_repeat_ngram_size=int(given["no_repeat_ngram_size"] or 0),
             ),
         )
 
@@ -133,25 +164,15 @@ def translation_task(repo: Repo, task: str) -> str:
     return task
 
 
-def task_parameters(repo: Repo, task: str) -> tuple[str, dict[str, Any]]:
-    """`task`'s prefix and option defaults from config.json's task_specific_params (the
-    prefix: config.json's "prefix" where the task has none, as transformers takes it). Its
-    settings that are text-generation options become their defaults; the others (beam
-    search's num_beams, length_penalty, ...) are not applied, and a warning names them."""
-    params = dict((repo.config.get("task_specific_params") or {}).get(task) or {})
-    prefix = params.pop("prefix", repo.config.get("prefix")) or ""
+def task_prefix(repo: Repo, task: str) -> str:
+    """`task`'s prefix: task_specific_params[task]["prefix"], else config.json's "prefix", as
+    transformers takes it (the task's other settings are option defaults:
+    text_generation.generation_defaults)."""
+    params = (repo.config.get("task_specific_params") or {}).get(task) or {}
+    prefix = params.get("prefix", repo.config.get("prefix")) or ""
     if not isinstance(prefix, str):
         raise ModelLoadError(f"{repo.source}: the {task} prefix must be a string; got {prefix!r}")
-    defaults = {k: v for k, v in params.items() if k in GENERATION_DEFAULTS}
-    ignored = sorted(set(params) - set(defaults))
-    if ignored:
-        warnings.warn(
-            f"{repo.source}: {task}'s task_specific_params {ignored} are not applied (Transmuter "
-            "decodes greedily or by sampling); pass max_new_tokens and the other "
-            "text-generation options to choose the decoding",
-            stacklevel=3,
-        )
-    return prefix, defaults
+    return prefix
 
 
 def start_tokens(repo: Repo) -> list[int]:

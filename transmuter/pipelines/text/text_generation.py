@@ -1,43 +1,65 @@
 """The text-generation task: prompts in, [{"generated_text": ...}] out, as transformers'
-pipeline returns them; defaults from generation_config.json, decoding in generation.py."""
+pipeline returns them; decoding in generation/decoder.py.
+
+The options' defaults are read where transformers' pipelines read them, in this order (later
+wins): GenerationConfig's own defaults, generation_config.json, config.json's
+task_specific_params[task] (a pipeline applies its own task's, as transformers' Pipeline does
+for every generating task), the pipeline's options, the call's. `max_length` and `min_length`
+count the decoder's whole sequence, as in transformers: the prompt for a decoder-only model, the
+decoder's start tokens for an encoder-decoder; `max_new_tokens` / `min_new_tokens` win over them
+where set. Without any length, a generation makes DEFAULT_NEW_TOKENS tokens.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import Task, positive_int
 from transmuter.pipelines.generation.decoder import Decoder, Settings, warn_exact
 from transmuter.pipelines.repo import Repo
 
 # A decoder that takes its past, in order of preference: merged (one file serves the prompt and
 # the steps), then Optimum's with-past file, then a model.onnx with past inputs.
 _DECODER_ROLES = ("decoder_merged", "decoder_with_past", "model")
-# transformers' GenerationConfig defaults, for what generation_config.json leaves out.
+# transformers' GenerationConfig defaults, for what generation_config.json leaves out (None:
+# unset; max_length's 20 applies only where no length is set anywhere: see DEFAULT_NEW_TOKENS).
 GENERATION_DEFAULTS = {
-    "max_new_tokens": 20,
-    "min_new_tokens": 0,
+    "max_new_tokens": None,
+    "max_length": None,
+    "min_new_tokens": None,
+    "min_length": 0,
     "do_sample": False,
     "temperature": 1.0,
     "top_k": 50,
     "top_p": 1.0,
     "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
 }
+# The new tokens of a generation when nothing sets a length (transformers' GenerationConfig
+# says max_length=20, its pipelines max_new_tokens=256: kept at 20 new tokens here).
+DEFAULT_NEW_TOKENS = 20
 
 
-class TextGeneration:
-    """Continue prompts. Options, given here or per call: max_new_tokens, min_new_tokens,
-    do_sample, temperature, top_k, top_p, repetition_penalty, eos_token_id (an id or a list;
-    default generation_config.json's), stop (strings that end a row once generated),
-    on_token (called as on_token(row, text) with each new piece of text), return_full_text;
-    per call also key (a jax.random key; by default each call draws a new one from seed 0)."""
+class TextGeneration(Task):
+    """Continue prompts: a prompt gives [{"generated_text"}], a list of prompts a list of them,
+    a generator of prompts a generator of them. Options, given here or per call:
+    max_new_tokens, max_length, min_new_tokens, min_length, do_sample, temperature, top_k,
+    top_p, repetition_penalty, no_repeat_ngram_size, eos_token_id (an id or a list; default
+    generation_config.json's), stop (strings that end a row once generated), on_token (called
+    as on_token(row, text) with each new piece of text), return_full_text; per call also key
+    (a jax.random key; by default each call draws a new one from seed 0). `batch_size`: the
+    prompts of a generator decoded together."""
 
     task = "text-generation"
 
-    def __init__(self, repo: Repo, **options: Any):
+    def __init__(self, repo: Repo, *, batch_size: int = 8, **options: Any):
         self.repo = repo
+        self.batch_size = positive_int(batch_size, "batch_size")
         self.tokenizer = repo.require_tokenizer(self.task)
         role = next((r for r in _DECODER_ROLES if r in repo.onnx), None)
         if role is None:
@@ -53,19 +75,24 @@ class TextGeneration:
         self._set_defaults(options, return_full_text=True)
 
     def _set_defaults(self, options: dict[str, Any], **more: Any) -> None:
-        """The options' defaults (generation_config.json's, then transformers'), updated with
-        the options given."""
+        """The options' defaults (GenerationConfig's, generation_config.json's, the task's
+        task_specific_params), updated with the options given."""
         repo = self.repo
-        config = repo.generation_config
-        self.defaults = {k: config.get(k, v) for k, v in GENERATION_DEFAULTS.items()}
-        self.defaults.update(
-            eos_token_id=config.get("eos_token_id", repo.config.get("eos_token_id")),
-            stop=(),
-            on_token=None,
-            **more,
-        )
+        self.defaults = generation_defaults(repo, self.task)
+        self.defaults.update(stop=(), on_token=None, **more)
         self._check(options)
-        self.defaults.update(options)
+        self.defaults.update(_lengths_given(options))
+        # Where no length is set anywhere, the defaults say so as numbers (what continuous
+        # batching reads); a max_length or min_length given later still applies (`_given`).
+        self._unset = {
+            new
+            for new, total in (("max_new_tokens", "max_length"), ("min_new_tokens", "min_length"))
+            if self.defaults[new] is None and not self.defaults[total]
+        }
+        if "max_new_tokens" in self._unset:
+            self.defaults["max_new_tokens"] = DEFAULT_NEW_TOKENS
+        if "min_new_tokens" in self._unset:
+            self.defaults["min_new_tokens"] = 0
         self._keys = jax.random.key(0)
 
     def _check(self, options: dict[str, Any]) -> None:
@@ -80,41 +107,73 @@ class TextGeneration:
         """How many programs decoding has compiled so far."""
         return self.decoder.programs
 
-    def __call__(self, inputs: str | Sequence[str], *, key: Any = None, **options: Any) -> Any:
-        if isinstance(inputs, str):
-            return self([inputs], key=key, **options)[0]
-        if (
-            not isinstance(inputs, Sequence)
-            or not inputs
-            or not all(isinstance(p, str) for p in inputs)
-        ):
-            raise InputError(f"give a prompt string or a non-empty list of them; got {inputs!r}")
-        prompts = [self.tokenizer.encode(p).ids for p in inputs]
+    def is_item(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def describe_items(self) -> str:
+        return "give a prompt string, a list of them or a generator of them"
+
+    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+        if not all(isinstance(p, str) for p in items):
+            raise InputError(
+                f"{self.describe_items()} (chat messages are not supported); got {items!r}"
+            )
+        prompts = [self.tokenizer.encode(p).ids for p in items]
         rows = self.generate(prompts, key=key, **options)
         full = {**self.defaults, **options}["return_full_text"]
         return [
             [{"generated_text": (text if full else "") + self._text(row)}]
-            for text, row in zip(inputs, rows)
+            for text, row in zip(items, rows)
         ]
 
     def generate(self, prompts: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids of each prompt (lists of token ids), up to and including its end
         of sequence token."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise InputError("text generation needs at least one prompt of at least one token")
         given, key = self._given(options, key)
-        settings = self._settings(given)
-        self._check_positions(prompts, int(given["max_new_tokens"]))
+        # transformers counts max_length and min_length over the (left-padded) prompt.
+        max_new, settings = self._lengths(given, max(map(len, prompts)))
+        if given["no_repeat_ngram_size"]:
+            raise InputError(
+                "no_repeat_ngram_size is not implemented for decoder-only text generation "
+                "(text2text-generation and image-text-to-text apply it)"
+            )
+        self._check_positions(prompts, max_new)
         return self._streamed(
             len(prompts),
             given,
             lambda on_token: self.decoder.generate(
                 prompts,
                 pad_id=self._pad_id(settings),
-                max_new_tokens=int(given["max_new_tokens"]),
+                max_new_tokens=max_new,
                 settings=settings,
                 key=key,
                 on_token=on_token,
             ),
         )
+
+    def _lengths(self, given: dict[str, Any], prompt_length: int) -> tuple[int, Settings]:
+        """The new tokens a generation may make after a prompt (or decoder start) of
+        `prompt_length` tokens, and its token choice, from the options in force."""
+        max_new = given["max_new_tokens"]
+        if max_new is None:
+            max_length = given["max_length"]
+            if max_length is None:
+                max_new = DEFAULT_NEW_TOKENS
+            else:
+                max_new = int(max_length) - prompt_length
+                if max_new < 1:
+                    raise InputError(
+                        f"max_length={max_length} leaves no new token after {prompt_length} "
+                        "tokens of prompt: pass max_new_tokens"
+                    )
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise InputError(f"max_new_tokens must be at least 1; got {max_new!r}")
+        min_new = given["min_new_tokens"]
+        if min_new is None:
+            min_new = max(int(given["min_length"] or 0) - prompt_length, 0)
+        return max_new, self._settings({**given, "min_new_tokens": min_new})
 
     def _given(self, options: dict[str, Any], key: Any) -> tuple[dict[str, Any], Any]:
         """The call's options over the defaults (checked), and its PRNG key (the pipeline's
@@ -122,7 +181,11 @@ class TextGeneration:
         self._check(options)
         if key is None:
             self._keys, key = jax.random.split(self._keys)
-        return {**self.defaults, **options}, key
+        given = {**self.defaults, **_lengths_given(options)}
+        for new in self._unset:  # a max_length / min_length given now counts
+            if new not in options:
+                given[new] = None if given[_TOTAL[new]] else self.defaults[new]
+        return given, key
 
     def _streamed(self, batch: int, given: dict[str, Any], decode: Callable) -> list:
         """`decode(on_token)`'s rows, streaming text and watching for stop strings as asked."""
@@ -209,3 +272,46 @@ class _Watcher:
         if self.on_token is not None and len(text) > len(self.shown[row]):
             self.on_token(row, text[len(self.shown[row]) :])
             self.shown[row] = text
+
+
+def generation_defaults(repo: Repo, task: str) -> dict[str, Any]:
+    """The generation options' defaults for `task` on `repo`, as transformers' pipelines build
+    their generation config: GenerationConfig's defaults, then generation_config.json's
+    values, then config.json's task_specific_params[task] (less its "prefix"). Settings that
+    are not options here (beam search's num_beams, length_penalty, ...) are not applied: a
+    warning names them."""
+    config = repo.generation_config
+    defaults = dict(GENERATION_DEFAULTS)
+    defaults.update({k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None})
+    defaults["eos_token_id"] = config.get("eos_token_id", repo.config.get("eos_token_id"))
+    params = dict((repo.config.get("task_specific_params") or {}).get(task) or {})
+    params.pop("prefix", None)
+    known = {k: v for k, v in params.items() if k in defaults}
+    defaults.update(known)
+    ignored = sorted(k for k in set(params) - set(known) if not _inert(k, params[k]))
+    if ignored:
+        warnings.warn(
+            f"{repo.source}: {task}'s settings {ignored} are not applied (Transmuter "
+            "decodes greedily or by sampling); pass max_new_tokens and the other "
+            "text-generation options to choose the decoding",
+            stacklevel=4,
+        )
+    return defaults
+
+
+def _inert(name: str, value: Any) -> bool:
+    """A task setting that changes nothing in greedy or sampled decoding."""
+    return (name, value) in {("num_beams", 1), ("early_stopping", False)}
+
+
+_TOTAL = {"max_new_tokens": "max_length", "min_new_tokens": "min_length"}
+
+
+def _lengths_given(options: dict[str, Any]) -> dict[str, Any]:
+    """`options`, where a max_length (min_length) given without max_new_tokens
+    (min_new_tokens) unsets the latter, so that it counts as in transformers."""
+    options = dict(options)
+    for new, total in _TOTAL.items():
+        if options.get(total) is not None and new not in options:
+            options[new] = None
+    return options
