@@ -75,6 +75,27 @@ def test_a_batch_of_two_image_sizes_first_tokens(florence):
     assert all(set(f["<OD>"]) == {"bboxes", "labels"} for f in found)
 
 
+def test_call_forms(florence):
+    """transformers' image-text-to-text forms: images and text, images= and a text per image,
+    {"image", "text"} dicts, a generator; a wide image's boxes are in its own frame."""
+    from PIL import Image
+
+    pictures = images()
+    want = florence(pictures, text="<OD>", max_new_tokens=4)
+    dicts = [{"image": p, "text": "<OD>"} for p in pictures]
+    assert florence(dicts, max_new_tokens=4) == want
+    assert florence(images=pictures, text=["<OD>", "<OD>"], max_new_tokens=4) == want
+    assert florence(dicts[0], max_new_tokens=4) == want[0]
+    streamed = florence(iter(dicts), max_new_tokens=4)
+    assert not isinstance(streamed, list) and list(streamed) == want
+    wide = np.asarray(Image.fromarray(pictures[0]).resize((400, 20)))
+    found = florence([wide, pictures[1]], text="<OD>", max_new_tokens=4)[0]["<OD>"]
+    for box in found["bboxes"]:
+        assert all(0 <= x <= 400 for x in box[0::2]) and all(0 <= y <= 20 for y in box[1::2])
+    with pytest.raises(InputError, match="images given twice"):
+        florence(pictures, images=pictures, text="<OD>")
+
+
 def test_no_repeat_ngram_bans_what_transformers_bans():
     rng = np.random.default_rng(0)
     history = rng.integers(0, 4, (3, 12))

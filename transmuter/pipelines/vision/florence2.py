@@ -183,14 +183,16 @@ class Florence2(Text2TextGeneration, ImageTask):
     def describe_items(self) -> str:
         return ImageTask.describe_items(self)
 
-    def __call__(self, images: Any = None, text: Any = None, **options: Any) -> Any:
+    def __call__(self, inputs: Any = None, text: Any = None, **options: Any) -> Any:
         if "images" in options:  # transformers' keyword
-            if images is not None:
+            if inputs is not None:
                 raise InputError("images given twice: positionally and as images=")
-            images = options.pop("images")
+            inputs = options.pop("images")
+        if inputs is None:
+            raise InputError(f"image-text-to-text: {self.describe_items()}")
         if text is not None:
             options["text"] = text
-        return Task.__call__(self, images, **options)
+        return Task.__call__(self, inputs, **options)
 
     def run_items(self, items: list, *, text: Any = None, key: Any = None, **options) -> list:
         shared = None if text is None else per_item(text, items, "text", _is_text)
