@@ -361,3 +361,106 @@ def test_a_past_without_its_present_names_what_was_looked_for(tmp_path):
         ModelLoadError, match=r"takes 'past_key_values.0.key' but returns none of \['present.0.key'"
     ):
         Seq2SeqDecoder(transmuter.load_repo(tmp_path), "image-to-text")
+
+
+def _ort_t5_greedy(folder, rows, count, *, min_length=0, no_repeat=0, eos=1, start=0):
+    """ONNX Runtime's greedy tokens on T5's files in a plain loop, one text at a time, with
+    transformers' MinLength and NoRepeatNGram logits processors written out."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def session(name):
+        return ort.InferenceSession(str(folder / f"{name}.onnx"))
+
+    encoder, first, step = (
+        session(n) for n in ("encoder_model", "decoder_model", "decoder_with_past_model")
+    )
+    found = []
+    for row in rows:
+        ids = np.array([row], np.int64)
+        mask = np.ones_like(ids)
+        hidden = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        context = {"encoder_attention_mask": mask, "encoder_hidden_states": hidden}
+        names = [o.name for o in first.get_outputs()]
+        out = dict(zip(names, first.run(None, {"input_ids": np.array([[start]]), **context})))
+        past = {n.replace("present", "past_key_values"): v for n, v in out.items() if "." in n}
+        decoded = [start]
+        for _ in range(count):
+            logits = out["logits"][0, -1].astype(np.float64)
+            if len(decoded) < min_length:
+                logits[eos] = -np.inf
+            if no_repeat and len(decoded) >= no_repeat:
+                tail = decoded[len(decoded) - no_repeat + 1 :]
+                for i in range(len(decoded) - no_repeat + 1):
+                    if decoded[i : i + no_repeat - 1] == tail:
+                        logits[decoded[i + no_repeat - 1]] = -np.inf
+            token = int(logits.argmax())
+            decoded.append(token)
+            wanted = [i.name for i in step.get_inputs()]
+            feed = {"input_ids": np.array([[token]], np.int64), **context, **past}
+            names = [o.name for o in step.get_outputs()]
+            out = dict(zip(names, step.run(None, {k: v for k, v in feed.items() if k in wanted})))
+            past.update(
+                {n.replace("present", "past_key_values"): v for n, v in out.items() if "." in n}
+            )
+        found.append(decoded[1:])
+    return found
+
+
+@pytest.mark.parametrize("decoding", ["padded", "past"])
+def test_summarization_applies_the_tasks_generation_settings(tmp_path, decoding):
+    # T5's task_specific_params["summarization"] carries min_length and no_repeat_ngram_size
+    # (t5-small: 30 and 3) beside num_beams; transformers' pipeline applies them to greedy
+    # decoding too, and ONNX Runtime's tokens through the same processors equal its own. They
+    # were dropped with a warning, so the text parted from transformers' at the first n-gram
+    # that repeats. Here: bigrams, on texts whose greedy tokens repeat one.
+    shutil.copytree(REPOS / "t5-tasks", tmp_path / "t5")
+    repo = tmp_path / "t5"
+    config = json.loads((repo / "config.json").read_text())
+    config["task_specific_params"]["summarization"].update(
+        min_length=8, no_repeat_ngram_size=2, max_length=13, num_beams=1
+    )
+    (repo / "config.json").write_text(json.dumps(config))
+    summarize = transmuter.pipeline("summarization", repo, decoding=decoding)
+    texts = expected("t5-tasks")["texts"]
+    rows = [summarize.tokenizer.encode(summarize.prefix + t).ids for t in texts]
+    want = _ort_t5_greedy(repo, rows, 12, min_length=8, no_repeat=2)
+    assert want[2][:3] != [want[2][0]] * 3  # the third text's repeated token is banned
+    got = summarize.generate(rows)  # max_length=13: 12 tokens after the start token
+    assert got == [row[: row.index(1) + 1] if 1 in row else row for row in want]
+
+
+def test_merge_overlapping_is_whispers_longest_common_sequence():
+    from transmuter.pipelines.audio.speech_recognition import merge_overlapping
+
+    # Aligned on [3, 4] and cut at the overlap's middle: the left's 3, the right's 4.
+    assert merge_overlapping([[1, 2, 3, 4], [3, 4, 5]]) == [1, 2, 3, 4, 5]
+    assert merge_overlapping([[1, 2, 3, 4], [3, 9, 5]]) == [1, 2, 3, 4, 3, 9, 5]  # one match
+    assert merge_overlapping([[7, 1, 2, 3], [1, 2, 3, 8], [3, 8, 6]]) == [7, 1, 2, 3, 8, 6]
+    assert merge_overlapping([[1, 2], [], [3]]) == [1, 2, 3]
+    assert merge_overlapping([]) == []
+
+
+def test_whisper_transcribes_long_audio_in_chunks(whisper):
+    # The fixture's window is 4 s (its n_samples): a 10 s clip is "long audio".
+    from transmuter.pipelines.audio.speech_recognition import merge_overlapping
+
+    waves = waveforms()
+    clip = np.concatenate([waves[1], waves[0], waves[1], waves[0], waves[1][:32000]])
+    assert clip.shape[0] == 160000
+    options = dict(max_new_tokens=3, min_new_tokens=RECORDED)
+    with pytest.raises(InputError, match=r"the audio is 10.0 s .* pass chunk_length_s"):
+        whisper(clip, **options)
+    got = whisper(clip, chunk_length_s=4, stride_length_s=1, **options)
+    # transformers' chunk_iter: 4 s windows every 2 s (1 s strides), the last at the end.
+    chunks = [clip[start : start + 64000] for start in (0, 32000, 64000, 96000)]
+    rows = [whisper.generate(log_mel([c], whisper.features), **options)[0] for c in chunks]
+    special = set(whisper.tokenizer.get_added_tokens_decoder())
+    merged = merge_overlapping([[t for t in row if t not in special] for row in rows])
+    assert got == {"text": whisper.tokenizer.decode(merged, skip_special_tokens=True)}
+    # The chunks of several clips batch together; each clip gets its own text.
+    both = whisper([clip, waves[0]], chunk_length_s=4, stride_length_s=1, **options)
+    assert both[0] == got and both[1] == whisper(waves[0], **options)
+    with pytest.raises(InputError, match="must be longer than its strides"):
+        whisper(clip, chunk_length_s=2, stride_length_s=1)
+    with pytest.raises(InputError, match="longer than the 4 s Whisper hears"):
+        whisper(clip, chunk_length_s=8)

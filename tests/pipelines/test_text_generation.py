@@ -3,6 +3,7 @@ and the number of programs a long generation compiles."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import jax
@@ -142,3 +143,41 @@ def test_an_export_without_position_ids_generates_at_exact_shapes(tmp_path):
         inputs.update({n: np.zeros((1, 4, 0, 8), np.float32) for n in generate.decoder.pasts})
         logits = np.asarray(transmuter.run(model, inputs)["logits"][0])
         assert tokens == np.argmax(logits[len(prompt) - 1 : -1], axis=-1).tolist()
+
+
+def test_new_sampling_values_compile_nothing(llama):
+    # Temperature, top_k, top_p and the penalty are arrays with a value per row, not part of
+    # a program's key: five temperatures (and sampling itself) compile what one does.
+    prompts = expected("llama")["batch"]["input_ids"]
+    llama.generate(prompts, do_sample=True, temperature=0.5, max_new_tokens=4)
+    one = llama.programs
+    for temperature in (0.6, 0.7, 0.8, 0.9, 1.3):
+        llama.generate(prompts, do_sample=True, temperature=temperature, top_k=7, max_new_tokens=4)
+    llama.generate(prompts, do_sample=True, top_p=0.8, max_new_tokens=4)
+    llama.generate(prompts, max_new_tokens=4)  # greedy: the same programs
+    assert llama.programs == one
+
+
+def test_lengths_from_generation_config_and_task_specific_params(tmp_path):
+    # transformers reads generation_config.json, then config.json's
+    # task_specific_params["text-generation"] (GPT-2's config has {"max_length": 50}), and
+    # counts max_length and min_length over the prompt.
+    for path in (REPOS / "llama").iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["task_specific_params"] = {"text-generation": {"max_length": 12, "min_length": 10}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**generation, "max_length": 99}))
+    generate = transmuter.pipeline("text-generation", tmp_path)
+    prompt = [[1, 15, 27, 9]]
+    eos = generate.defaults["eos_token_id"]
+    rows = generate.generate(prompt, eos_token_id=None)
+    assert len(rows[0]) == 12 - 4  # the task's max_length wins over generation_config.json's
+    assert len(generate.generate(prompt, max_new_tokens=3)[0]) <= 3  # max_new_tokens wins
+    assert len(generate.generate(prompt, max_length=6, eos_token_id=None)[0]) == 2
+    held = generate.generate(prompt, eos_token_id=rows[0][2])[0]
+    assert rows[0][2] not in held[: 10 - 4]  # min_length: no end before 10 tokens in all
+    with pytest.raises(InputError, match="max_length=4 leaves no new token after 4 tokens"):
+        generate.generate(prompt, max_length=4)
+    assert eos is not None
