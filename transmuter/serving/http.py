@@ -97,6 +97,10 @@ class Metrics:
             "transmuter_generation_programs", "programs the continuous batch compiled",
             registry=self.registry,
         )  # fmt: skip
+        self.generation_active = Gauge(
+            "transmuter_generation_active", "requests holding a slot of the continuous batch",
+            registry=self.registry,
+        )  # fmt: skip
         self.events = {
             "transmuter.compile.stop": Counter(
                 "transmuter_compiles", "programs compiled", registry=self.registry
@@ -204,6 +208,7 @@ class Server:
         self.metrics = Metrics(lambda: (self.serving or self.engine).queued)
         if generating:
             self.metrics.generation_programs.set_function(lambda: self.engine.programs)
+            self.metrics.generation_active.set_function(lambda: self.engine.active)
         self.parameters = inference.parameter_names(self.pipeline)
         self.created = int(time.time())
 
