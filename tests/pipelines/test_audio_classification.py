@@ -44,6 +44,18 @@ def test_ast_labels_and_scores_are_transformers(ast):
     assert len(raw) == 4 and any(r["score"] > 1 or r["score"] < 0 for r in raw)
 
 
+def test_a_generator_of_clips_gives_a_generator_of_results(ast):
+    # transformers' call forms: a generator of clips streams one result per clip.
+    out = ast(clip for clip in clips())
+    assert not isinstance(out, list)
+    for row, wanted in zip(list(out), expected("ast")["results"], strict=True):
+        check(row, wanted)
+    with pytest.raises(InputError, match="decode files first"):
+        ast("speech.wav")
+    with pytest.raises(InputError, match="batch_size must be an integer of at least 1"):
+        transmuter.pipeline("audio-classification", REPOS / "ast", batch_size=0)
+
+
 def test_wav2vec2_runs_each_clip_at_its_length():
     classify = transmuter.pipeline("audio-classification", REPOS / "wav2vec2", top_k=3)
     for row, wanted in zip(classify(clips()), expected("wav2vec2")["results"]):

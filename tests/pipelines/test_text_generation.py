@@ -181,3 +181,15 @@ def test_lengths_from_generation_config_and_task_specific_params(tmp_path):
     with pytest.raises(InputError, match="max_length=4 leaves no new token after 4 tokens"):
         generate.generate(prompt, max_length=4)
     assert eos is not None
+
+
+def test_call_forms_as_transformers(llama):
+    # A prompt gives [{"generated_text"}], a list a list of them, a generator a generator.
+    one = llama("Hello", max_new_tokens=3)
+    assert isinstance(one, list) and list(one[0]) == ["generated_text"]
+    listed = llama(["Hello", "The capital of France is"], max_new_tokens=3)
+    assert listed[0] == one and len(listed) == 2
+    streamed = llama((p for p in ["Hello", "The capital of France is"]), max_new_tokens=3)
+    assert not isinstance(streamed, list) and list(streamed) == listed
+    with pytest.raises(InputError, match="chat messages are not supported"):
+        llama([{"role": "user", "content": "Hi"}])

@@ -1,2 +1,3 @@
-"""Decoding: the decode loop and token chooser (decoder.py), encoder-decoder decoding
-(seq2seq.py) and continuous batching (continuous.py)."""
+"""Decoding: the one token chooser and decode loop (choice.py), decoder-only models with the
+past in a bucketed buffer (decoder.py), encoder-decoders (seq2seq.py) and continuous batching
+(continuous.py)."""

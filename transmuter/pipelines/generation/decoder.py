@@ -6,8 +6,9 @@ keys and values are written to the start of the buffer: one program per (batch, 
 L). Each later step runs the model on one token with the whole buffer as its past (the unused
 slots masked), then writes the token's key and value into its slot: one program per (batch, L).
 The order of the slots does not matter to attention, only the mask and the explicit position
-ids do. Logits never leave the device: the step chooses the next token (greedy or sampled, with
-the repetition penalty and the minimum length) and returns only it.
+ids do. Logits never leave the device: the step chooses the next token with choice.py's
+`choose` (greedy or sampled, each row's settings as arrays, so a new temperature compiles
+nothing) and returns only it; choice.py's `decode_loop` runs the steps.
 
 An export without `position_ids` computes positions from the past's length, which the buffer
 would give wrongly; it runs each prompt alone at exact shapes instead (a program per token).
@@ -259,11 +260,16 @@ class Decoder:
 
     @property
     def vocab_size(self) -> int:
-        spec = self.model.output_specs["logits"]
-        size = spec.shape[-1] if spec is not None and spec.shape else None
-        if not isinstance(size, int):
-            raise ModelLoadError(f"{self.model.source}: logits declare no vocabulary size")
-        return size
+        return vocab_size(self.model)
+
+
+def vocab_size(model) -> int:
+    """The vocabulary size `model`'s logits declare (for the repetition penalty's seen tokens)."""
+    spec = model.output_specs["logits"]
+    size = spec.shape[-1] if spec is not None and spec.shape else None
+    if not isinstance(size, int):
+        raise ModelLoadError(f"{model.source}: logits declare no vocabulary size")
+    return size
 
 
 def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):

@@ -6,7 +6,7 @@ which returns the first token, the self-attention's keys and values and the cros
 (computed from the encoder's states once, then passed to every step as past inputs, as
 Optimum's with-past decoder takes them). Each later step runs the with-past decoder on one
 token; keys, values and the chosen token stay on the device, and the token is chosen inside
-the step (`generation.choose`). Optimum's encoder-decoder decoders take no self-attention mask
+the step (choice.py's `choose`). Optimum's encoder-decoder decoders take no self-attention mask
 and compute their positions (BART's learned ones, T5's relative bias, Whisper's) from the
 past's length, so the past cannot sit in a padded buffer as `generation.Decoder` keeps a
 decoder-only model's: it grows by one token per step, a program per (batch, encoder length,
@@ -29,9 +29,15 @@ A decoder that takes inputs_embeds instead of input_ids (Florence-2's, exported 
 onnx-community) runs the repository's embed_tokens.onnx on each chosen token inside the step,
 so the token still never leaves the device; `encode` is what a model with its own way into
 the encoder (Florence-2's image features before the prompt) overrides. `no_repeat_ngram_size`
-(generation_config.json's, as transformers' NoRepeatNGramLogitsProcessor applies it) keeps the
-decoder's tokens in a device buffer and bans, at each step, every token that would repeat an
-n-gram of them; decoding="past" only.
+(generation_config.json's or the task's, as transformers' NoRepeatNGramLogitsProcessor applies
+it) bans, at each step, every token that would repeat an n-gram of the decoder's tokens (kept
+in a device buffer with "past", read from the padded sequence with "padded").
+
+The past's namings are decoder.py's `past_layout`: Optimum's encoder-decoders'
+past_key_values.{i}.decoder.* and .encoder.* (the cross-attention's, from the first step), and
+its VisionEncoderDecoder decoders' past_key_values.{i}.key / .value with no cross-attention past
+(GPT-2 reads encoder_hidden_states at every step). Both decodings choose tokens with choice.py's
+`choose` and run choice.py's `decode_loop`.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from transmuter.pipelines.generation.choice import (
     row_keys,
     seen_tokens,
 )
-from transmuter.pipelines.generation.decoder import past_layout, past_shape
+from transmuter.pipelines.generation.decoder import past_layout, past_shape, vocab_size
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.shapes import pow2
 
@@ -266,7 +272,10 @@ class Seq2SeqDecoder(_EncoderDecoder):
             history[:, : len(prompt)] = ids
         embed_params = None if self.embed is None else self.embed.params
         sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
-        state = {"seen": seen_tokens(ids, settings, lambda: _vocab(self.step)), "history": history}
+        state = {
+            "seen": seen_tokens(ids, settings, lambda: vocab_size(self.step)),
+            "history": history,
+        }
 
         def first():
             params = (self.encoder_params(), self.first.params, embed_params)
@@ -370,7 +379,7 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         ids = np.zeros((batch, self._bucket(len(prompt))), np.int64)
         ids[:, : len(prompt)] = prompt
         sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
-        seen = seen_tokens(ids[:, : len(prompt)], settings, lambda: _vocab(self.decoder))
+        seen = seen_tokens(ids[:, : len(prompt)], settings, lambda: vocab_size(self.decoder))
         state = {"ids": ids, "seen": seen}
 
         def first():
@@ -419,15 +428,6 @@ def seq2seq_decoder(repo: Repo, task: str, decoding: str) -> Seq2SeqDecoder | Pa
     if decoding not in DECODINGS:
         raise InputError(f"decoding must be one of {', '.join(DECODINGS)}; got {decoding!r}")
     return DECODINGS[decoding](repo, task)
-
-
-def _vocab(model) -> int:
-    """The vocabulary size the logits declare, for the repetition penalty's seen tokens."""
-    spec = model.output_specs["logits"]
-    vocab = spec.shape[-1] if spec is not None and spec.shape else None
-    if not isinstance(vocab, int):
-        raise ModelLoadError(f"{model.source}: logits declare no vocabulary size")
-    return vocab
 
 
 def _no_repeat(logits, history, length, size: int):
