@@ -312,3 +312,12 @@ def same_answers(got, want):
     for g, w in zip(got, want):
         assert {**g, "score": 0} == {**w, "score": 0}
         assert g["score"] == pytest.approx(w["score"], rel=1e-5)
+
+
+def test_requests_whose_options_differ_only_in_type_batch_apart():
+    def echo(items, top_k):  # stands in for a task whose option check differs by type
+        return [f"{item}:{type(top_k).__name__}" for item in items]
+
+    with Serving(echo, batch_size=8, batch_timeout_ms=200) as serving:
+        futures = [serving.submit("x", top_k=k) for k in (1, 1.0, True, 1)]
+        assert [f.result(10) for f in futures] == ["x:int", "x:float", "x:bool", "x:int"]
