@@ -59,3 +59,23 @@ def test_an_image_that_resizes_to_nothing_is_named():
     config = {"size": {"shortest_edge": 64, "longest_edge": 96}}  # DETR's rule: 0 x 96
     with pytest.raises(InputError, match="1 x 600 pixels.*too extreme"):
         preprocess(np.zeros((600, 1, 3), np.uint8), config)
+
+
+def test_generators_options_and_their_checks(classify):
+    want = expected("vit")["results"]
+    streamed = classify(iter(images()))
+    assert not isinstance(streamed, list)
+    for row, wanted in zip(streamed, want, strict=True):
+        assert [r["label"] for r in row] == [w["label"] for w in wanted]
+    # top_k past the label count gives every label, as transformers caps it.
+    assert len(classify(images()[0], top_k=100)) == len(classify.repo.config["id2label"])
+    logits = classify(images()[0], function_to_apply="none", top_k=1)[0]["score"]
+    probability = classify(images()[0], function_to_apply="softmax", top_k=1)[0]["score"]
+    assert logits != probability and probability == pytest.approx(want[0][0]["score"], abs=1e-5)
+    for bad in (0, -2, "3", 1.5):
+        with pytest.raises(InputError, match="top_k must be an integer of at least 1"):
+            classify(images()[0], top_k=bad)
+    with pytest.raises(InputError, match="function_to_apply must be one of softmax, sigmoid"):
+        classify(images()[0], function_to_apply="relu")
+    with pytest.raises(InputError, match="batch_size must be an integer of at least 1"):
+        transmuter.pipeline("image-classification", REPOS / "vit", batch_size=0)

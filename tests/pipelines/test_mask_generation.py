@@ -99,6 +99,11 @@ def test_bad_inputs(segment):
         segment(image, **prompts([case]), multimask_output=False)
     with pytest.raises(InputError, match="height, width, channels"):
         segment(np.zeros((8, 8), np.uint8))
+    for name, bad in [("points_per_batch", "x"), ("points_per_crop", 0), ("pred_iou_thresh", "x")]:
+        with pytest.raises(InputError, match=name):
+            segment(image, **{name: bad})
+    with pytest.raises(InputError, match=r"has no option \['points'\]"):
+        segment(image, points=[[1, 2]])
 
 
 @pytest.mark.slow

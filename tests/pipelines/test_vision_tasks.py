@@ -346,3 +346,18 @@ def test_odd_images(features, segment, depth):
         features(np.full((4, 4, 3), "x"))
     with pytest.raises(InputError, match="an image is a path"):
         features([{"image": rgb}])
+
+
+def test_generators_answer_as_lists(segment, depth, features):
+    batch = images("segformer")[:2]
+    streamed = segment(iter(batch))
+    assert not isinstance(streamed, list)
+    got, want = list(streamed), segment(batch)
+    assert [[r["label"] for r in row] for row in got] == [[r["label"] for r in row] for row in want]
+    picture = images("depth-anything")[0]
+    (one,) = list(depth(iter([picture])))
+    np.testing.assert_allclose(one["predicted_depth"], depth(picture)["predicted_depth"], atol=1e-6)
+    with pytest.raises(InputError, match="threshold must be a number"):
+        segment(batch[0], threshold="x")
+    with pytest.raises(InputError, match=r"has no option \['unknown'\]; it takes \['pool'"):
+        features(batch[0], pool=True, unknown=1)

@@ -4,13 +4,14 @@ pixel_values in batches (the batch dim bucketed to powers of two)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 import transmuter
-from transmuter.errors import ModelLoadError
+from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.base import Task, positive_int
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.vision.processors import is_image
@@ -20,6 +21,10 @@ class ImageTask(Task):
     """A task whose item is one image: a path, a Pillow image or a numpy array (height, width,
     channels)."""
 
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        check_options(self, options)
+        return super().__call__(inputs, **options)
+
     def is_item(self, value: Any) -> bool:
         return is_image(value)
 
@@ -28,6 +33,19 @@ class ImageTask(Task):
             "give an image (a path, a Pillow image or a numpy array of height, width, "
             "channels), a non-empty list of them or a generator of them"
         )
+
+
+def check_options(task: Any, options: dict[str, Any]) -> None:
+    """An InputError naming the options `task.run_items` does not take (a call's unknown
+    keyword would otherwise be Python's TypeError). A generic check that base.py's Task could
+    make for every task; here for the vision tasks meanwhile."""
+    parameters = inspect.signature(task.run_items).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return  # the task checks its own (generation options)
+    known = sorted(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"{type(task).__name__} has no option {unknown}; it takes {known}")
 
 
 class PixelModel:

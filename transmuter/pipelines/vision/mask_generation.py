@@ -34,6 +34,8 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.base import positive_int
+from transmuter.pipelines.base import threshold as threshold_option
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.vision.image_tasks import ImageTask
 from transmuter.pipelines.vision.processors import (
@@ -443,6 +445,12 @@ def _generation_options(defaults: dict[str, Any], given: dict[str, Any]) -> dict
             f"{', '.join(GENERATION)}"
         )
     settings = {**defaults, **given}
-    if settings["points_per_batch"] < 1:
-        raise InputError(f"points_per_batch must be at least 1; got {settings['points_per_batch']}")
+    for name, value in settings.items():
+        if name in ("points_per_batch", "points_per_crop"):
+            settings[name] = positive_int(value, name)
+        elif name == "crops_n_layers":
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"crops_n_layers must be an integer; got {value!r}")
+        else:
+            settings[name] = threshold_option(value, name)
     return settings
