@@ -23,14 +23,22 @@ and leave when done). Tokens per second, p50 / p99 request latency, and p50 / p9
 output token (from a request's first streamed token to its answer, over the 31 after it).
 
     python bench/bench_serving.py --only generation    # the generation tables alone
+    python bench/bench_serving.py --only embeddings --baseline 563546c
+
+`--baseline REF` adds the embedding rows of the `Serving` of transmuter/serving/batching.py at
+git revision REF, on the same pipeline, its rounds alternating with the current one's: a
+before-and-after of a change to Serving on one machine in one run. Without MiniLM's export the
+embeddings table has the tiny BERT alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +51,8 @@ import onnxruntime as ort
 import transmuter
 from transmuter import cpu
 from transmuter.pipelines.generation.continuous import ContinuousGeneration
-from transmuter.pipelines.generation.decoder import MIN_PROMPT_BUCKET, _pow2
+from transmuter.pipelines.generation.decoder import MIN_PROMPT_BUCKET
+from transmuter.pipelines.shapes import pow2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generate import ort_generate  # noqa: E402
@@ -122,26 +131,55 @@ def print_table(title: str, table: dict[str, dict], rate: str) -> None:
               + " |")  # fmt: skip
 
 
-def bench(repo: Path, requests: list[str], rounds: int) -> dict:
+def serving_at(revision: str):
+    """The `Serving` class of transmuter/serving/batching.py at git `revision`."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:transmuter/serving/batching.py"],
+        cwd=FIXTURE.parents[3], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / f"batching_{revision}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"batching_{revision}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.Serving
+
+
+def bench(repo: Path, requests: list[str], rounds: int, baseline: str | None = None) -> dict:
     pipeline = transmuter.pipeline("feature-extraction", repo, pooling="mean", normalize=True,
                                    batch_size=BATCH_SIZE)  # fmt: skip
     batches: list[int] = []
     transmuter.telemetry.attach("bench", ["transmuter.serving.batch"],
                                 lambda e, m, meta: batches.append(m["items"]))  # fmt: skip
     results: dict[str, list[dict]] = {}
+    old = (
+        serving_at(baseline)(pipeline, batch_size=BATCH_SIZE, batch_timeout_ms=5)
+        if baseline
+        else None
+    )
     with transmuter.Serving(pipeline, batch_size=BATCH_SIZE, batch_timeout_ms=5) as serving:
         lengths = sorted({pipeline.batch_key(t) for t in requests})
         examples = [next(t for t in requests if pipeline.batch_key(t) == n) for n in lengths]
         serving.warmup(examples)
         ways = {"one at a time": (pipeline, 1)}
-        ways.update({f"Serving, {n} clients": (serving, n) for n in CLIENTS})
-        for _ in range(rounds):
-            for name, (call, clients) in ways.items():
+        for n in CLIENTS:
+            ways[f"Serving, {n} clients"] = (serving, n)
+            if old is not None:
+                ways[f"Serving at {baseline}, {n} clients"] = (old, n)
+        for round_ in range(rounds):
+            names = list(ways)
+            if round_ % 2:  # every other round the other way round, so order favours neither
+                names = names[:1] + names[:0:-1]
+            for name in names:
+                call, clients = ways[name]
                 batches.clear()
                 row = timed(call, requests, clients)
                 row["items per call"] = len(requests) / len(batches) if batches else 1.0
                 results.setdefault(name, []).append(row)
     transmuter.telemetry.detach("bench")
+    if old is not None:
+        old.close()
     return medians(results)
 
 
@@ -176,7 +214,7 @@ def bench_generation(repo: Path, rounds: int) -> dict:
     def ort_loop(ids):
         return streamed(lambda on_token: ort_generate(session, [ids], new, pad, on_token))
 
-    buckets = {_pow2(len(ids), MIN_PROMPT_BUCKET): ids for ids in prompts}
+    buckets = {pow2(len(ids), MIN_PROMPT_BUCKET): ids for ids in prompts}
     for ids in buckets.values():  # every prompt bucket compiled, each way
         alone(ids)
         joined(ids)
@@ -200,16 +238,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=("embeddings", "generation"))
+    parser.add_argument("--baseline", metavar="REF", help="also time Serving at this git revision")
     args = parser.parse_args()
     print(f"# {cpu.describe()}; median of {args.rounds} rounds")
     if args.only != "generation":
-        if not MINILM.exists():
-            sys.exit(f"{MINILM} is missing: run python bench/make_minilm.py first")
         requests = texts(args.requests)
         with tempfile.TemporaryDirectory() as folder:
-            for name, repo in (("tiny BERT", FIXTURE), ("MiniLM-sized", minilm_repo(Path(folder)))):
+            repos = [("tiny BERT", FIXTURE)]
+            if MINILM.exists():
+                repos.append(("MiniLM-sized", minilm_repo(Path(folder))))
+            else:
+                print(f"\n{MINILM} is missing (python bench/make_minilm.py): MiniLM not measured")
+            for name, repo in repos:
                 title = f"{name}, {args.requests} requests"
-                print_table(title, bench(repo, requests, args.rounds), "requests/s")
+                table = bench(repo, requests, args.rounds, args.baseline)
+                print_table(title, table, "requests/s")
     if args.only == "embeddings":
         return
     repos = [FIXTURE.parent / "gpt2", FIXTURE.parent / "llama"]
