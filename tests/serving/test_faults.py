@@ -109,6 +109,24 @@ def test_a_raising_pipeline_fails_its_request_alone(embeddings, error, code):
         assert 'transmuter_requests_total{route="/embed",status="500"} 1.0' in metrics
 
 
+def test_inference_routes_answer_503_while_warming_up():
+    server = http.Server(transmuter.load_repo(REPOS / "bert"), "feature-extraction",
+                         model_id="bert")  # fmt: skip
+    gate, warm = threading.Event(), server.warmup
+    server.warmup = lambda: (gate.wait(30), warm())
+    with TestClient(http.app(server)) as client:
+        early = client.post("/embed", json={"inputs": "too soon"})
+        assert early.status_code == 503 and early.headers["retry-after"] == "5"
+        assert early.json()["error_type"] == "Unhealthy"
+        openai = client.post("/v1/embeddings", json={"model": "bert", "input": "too soon"})
+        assert openai.status_code == 503 and openai.json()["error"]["code"] == "warming_up"
+        assert client.get("/health").status_code == 503
+        assert client.get("/metrics").status_code == 200  # not an inference route
+        gate.set()
+        assert wait_for(lambda: client.get("/health").status_code == 200, 60)
+        assert client.post("/embed", json={"inputs": "now"}).status_code == 200
+
+
 # -- bodies --------------------------------------------------------------------------------------
 
 
