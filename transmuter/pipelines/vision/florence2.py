@@ -36,10 +36,9 @@ from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
 from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import (
     Text2TextGeneration,
-    seq2seq_settings,
     start_tokens,
 )
-from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.image_tasks import ImageTask, call_arguments
 from transmuter.pipelines.vision.processors import is_image, load_image, preprocess
 
 TEXT_BUCKET = 16  # prompts pad to a multiple of this many tokens
@@ -183,15 +182,8 @@ class Florence2(Text2TextGeneration, ImageTask):
     def describe_items(self) -> str:
         return ImageTask.describe_items(self)
 
-    def __call__(self, inputs: Any = None, text: Any = None, **options: Any) -> Any:
-        if "images" in options:  # transformers' keyword
-            if inputs is not None:
-                raise InputError("images given twice: positionally and as images=")
-            inputs = options.pop("images")
-        if inputs is None:
-            raise InputError(f"image-text-to-text: {self.describe_items()}")
-        if text is not None:
-            options["text"] = text
+    def __call__(self, inputs: Any = None, *args: Any, **options: Any) -> Any:
+        inputs, options = call_arguments(self, inputs, args, options, "text", {"images": "inputs"})
         return Task.__call__(self, inputs, **options)
 
     def run_items(self, items: list, *, text: Any = None, key: Any = None, **options) -> list:
@@ -237,29 +229,18 @@ class Florence2(Text2TextGeneration, ImageTask):
     ) -> list[list[int]]:
         """The new token ids for each image (pixel values [batch, 3, h, w]) and prompt (token
         ids), up to and including its end of sequence token."""
-        given, key = self._given(options, key)
-        if given["num_beams"] != 1:
+        beams = {**self.defaults, **options}.get("num_beams")
+        if beams != 1:
             raise InputError(
-                f"num_beams={given['num_beams']}: beam search is not implemented; Florence-2 "
-                "decodes greedily here (num_beams=1), or samples with do_sample=True"
+                f"num_beams={beams}: beam search is not implemented; Florence-2 decodes "
+                "greedily here (num_beams=1), or samples with do_sample=True"
             )
-        max_new = int(given["max_new_tokens"])
-        start = start_tokens(self.repo)
-        self._check_length(len(start) + max_new)
-        settings = seq2seq_settings(self.repo, self._settings(given), len(start))
-        inputs = {**_padded(prompts, self._pad_id(settings)), "pixel_values": pixels}
-        return self._streamed(
+        return self.decode(
+            lambda settings: {**_padded(prompts, self._pad_id(settings)), "pixel_values": pixels},
+            start_tokens(self.repo),
             len(prompts),
-            given,
-            lambda on_token: self.decoder.generate(
-                inputs,
-                start,
-                max_new_tokens=max_new,
-                settings=settings,
-                key=key,
-                on_token=on_token,
-                no_repeat_ngram_size=int(given["no_repeat_ngram_size"]),
-            ),
+            options,
+            key,
         )
 
     def parse(self, text: str, prompt: str, image_size: tuple[int, int]) -> dict[str, Any]:

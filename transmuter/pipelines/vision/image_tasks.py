@@ -35,6 +35,40 @@ class ImageTask(Task):
         )
 
 
+def call_arguments(
+    task: ImageTask,
+    inputs: Any,
+    args: tuple,
+    options: dict[str, Any],
+    second: str,
+    aliases: dict[str, str],
+) -> tuple[Any, dict[str, Any]]:
+    """A call's inputs and options from transformers' other spellings of them: its second
+    argument given positionally (`args`: at most the `second` option), and older keywords
+    (`aliases`: old name -> option, "inputs" for the images themselves)."""
+    options = dict(options)
+    for old, new in aliases.items():
+        if old not in options:
+            continue
+        if new == "inputs":
+            if inputs is not None:
+                raise InputError(f"the images given twice: positionally and as {old}=")
+            inputs = options.pop(old)
+        elif new in options:
+            raise InputError(f"give {new} or {old}, not both")
+        else:
+            options[new] = options.pop(old)
+    if len(args) > 1:
+        raise InputError(f"give the images and {second}; got {len(args) + 1} arguments")
+    if args:
+        if second in options:
+            raise InputError(f"{second} given twice: positionally and by name")
+        options[second] = args[0]
+    if inputs is None:
+        raise InputError(task.describe_items())
+    return inputs, options
+
+
 def check_options(task: Any, options: dict[str, Any]) -> None:
     """An InputError naming the options `task.run_items` does not take (a call's unknown
     keyword would otherwise be Python's TypeError). A generic check that base.py's Task could

@@ -17,7 +17,6 @@ from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.text2text_generation import (
     Text2TextGeneration,
-    seq2seq_settings,
     start_tokens,
 )
 from transmuter.pipelines.vision.florence2 import Florence2Captioner
@@ -75,20 +74,5 @@ class ImageToText(Text2TextGeneration, ImageTask):
 
     def generate(self, pixels: np.ndarray, *, key: Any = None, **options: Any):
         """The new token ids of each image's caption, from pixel values [batch, 3, h, w]."""
-        given, key = self._given(options, key)
-        max_new = int(given["max_new_tokens"])
-        prompt = start_tokens(self.repo)
-        self._check_length(len(prompt) + max_new)
-        settings = seq2seq_settings(self.repo, self._settings(given), len(prompt))
-        return self._streamed(
-            pixels.shape[0],
-            given,
-            lambda on_token: self.decoder.generate(
-                {"pixel_values": pixels.astype(np.float32)},
-                prompt,
-                max_new_tokens=max_new,
-                settings=settings,
-                key=key,
-                on_token=on_token,
-            ),
-        )
+        encoder_inputs = {"pixel_values": pixels.astype(np.float32)}
+        return self.decode(encoder_inputs, start_tokens(self.repo), len(pixels), options, key)

@@ -43,7 +43,7 @@ from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.vision.detection import box_dict, corners_scaled
 from transmuter.pipelines.vision.grounding_dino import GroundingDino
-from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.image_tasks import ImageTask, call_arguments
 from transmuter.pipelines.vision.processors import (
     OWL_DEFAULTS,
     is_image,
@@ -129,17 +129,10 @@ class ZeroShotObjectDetection(ImageTask):
             '"candidate_labels"} dict, a non-empty list of either or a generator of them'
         )
 
-    def __call__(self, inputs: Any, *args: Any, **options: Any) -> Any:
-        if "text_queries" in options:  # transformers' older name
-            if "candidate_labels" in options:
-                raise InputError("give candidate_labels or text_queries, not both")
-            options["candidate_labels"] = options.pop("text_queries")
-        if len(args) > 1:
-            raise InputError(f"give images and candidate_labels; got {len(args) + 1} arguments")
-        if args:
-            if "candidate_labels" in options:
-                raise InputError("candidate_labels given twice: positionally and by name")
-            options["candidate_labels"] = args[0]
+    def __call__(self, inputs: Any = None, *args: Any, **options: Any) -> Any:
+        inputs, options = call_arguments(
+            self, inputs, args, options, "candidate_labels", {"text_queries": "candidate_labels"}
+        )
         return super().__call__(inputs, **options)
 
     def run_items(

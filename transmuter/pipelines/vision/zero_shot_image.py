@@ -40,7 +40,7 @@ from transmuter.pipelines.base import (
     softmax,
 )
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.image_tasks import ImageTask, dim_names
+from transmuter.pipelines.vision.image_tasks import ImageTask, call_arguments, dim_names
 from transmuter.pipelines.vision.processors import preprocess
 
 TASK = "zero-shot-image-classification"
@@ -99,18 +99,9 @@ class ZeroShotImageClassification(ImageTask):
         self._compiled = None
 
     def __call__(self, inputs: Any = None, *args: Any, **options: Any) -> Any:
-        if "images" in options:  # transformers' older keyword
-            if inputs is not None:
-                raise InputError("images given twice: positionally and as images=")
-            inputs = options.pop("images")
-        if inputs is None:
-            raise InputError(f"{TASK}: {self.describe_items()}")
-        if len(args) > 1:
-            raise InputError(f"give images and candidate_labels; got {len(args) + 1} arguments")
-        if args:
-            if "candidate_labels" in options:
-                raise InputError("candidate_labels given twice: positionally and by name")
-            options["candidate_labels"] = args[0]
+        inputs, options = call_arguments(
+            self, inputs, args, options, "candidate_labels", {"images": "inputs"}
+        )
         return super().__call__(inputs, **options)
 
     def run_items(
