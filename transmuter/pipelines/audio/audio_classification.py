@@ -14,14 +14,14 @@ pipeline returns them, with the features of the repo's feature extractor:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 import transmuter
-from transmuter.errors import InputError, ModelLoadError
+from transmuter.errors import ModelLoadError
 from transmuter.pipelines.audio.features import kaldi_fbank
+from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
 from transmuter.pipelines.base import SCORES, Task, choice, id2label, positive_int, ranked
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
@@ -67,18 +67,15 @@ class AudioClassification(Task):
         self._compiled = None
 
     def is_item(self, value: Any) -> bool:
-        return isinstance(value, (np.ndarray, Mapping, str, bytes))
+        return is_waveform(value)
 
     def describe_items(self) -> str:
-        return (
-            'give a waveform (a 1-D float array or a {"array", "sampling_rate"} dict), a list '
-            "or a generator of them"
-        )
+        return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(
         self, items: list, *, top_k: int | None = None, function_to_apply: str | None = None
     ) -> list:
-        waves = [self._waveform(w) for w in items]
+        waves = [waveform(w, self._rate()) for w in items]
         function = _checked_function(function_to_apply) or self.function_to_apply
         function = function or self._default_function()
         top_k = _checked_top_k(top_k) or self.top_k
@@ -145,31 +142,6 @@ class AudioClassification(Task):
 
     def _rate(self) -> int:
         return int(self.features.get("sampling_rate", 16000))
-
-    def _waveform(self, wave: Any) -> np.ndarray:
-        if isinstance(wave, (str, bytes)):
-            raise InputError(
-                "give the audio as a waveform (decode files first, e.g. with soundfile); got "
-                f"a {type(wave).__name__}"
-            )
-        if isinstance(wave, Mapping):
-            if "sampling_rate" not in wave or not ({"array", "raw"} & set(wave)):
-                raise InputError(
-                    'a waveform dict has "sampling_rate" and "array" (or "raw"); got keys '
-                    f"{sorted(wave)}"
-                )
-            if wave["sampling_rate"] != self._rate():
-                raise InputError(
-                    f"the waveform is sampled at {wave['sampling_rate']} Hz and the model takes "
-                    f"{self._rate()} Hz: resample it first"
-                )
-            wave = wave["array"] if "array" in wave else wave["raw"]
-        wave = np.asarray(wave)
-        if wave.ndim != 1 or wave.size == 0 or not np.issubdtype(wave.dtype, np.floating):
-            raise InputError(
-                f"a waveform is a non-empty 1-D float array; got {wave.dtype}{list(wave.shape)}"
-            )
-        return wave
 
 
 def _checked_top_k(top_k: int | None) -> int | None:

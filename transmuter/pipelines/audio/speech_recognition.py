@@ -20,6 +20,7 @@ import numpy as np
 
 from transmuter.errors import InputError
 from transmuter.pipelines.audio.features import log_mel
+from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
 from transmuter.pipelines.base import Task, positive_int, threshold
 from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
@@ -70,13 +71,13 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
     __call__ = Task.__call__  # a waveform's {"text"}, a list's list of them (not flattened)
 
     def is_item(self, value: Any) -> bool:
-        return isinstance(value, (np.ndarray, Mapping, str, bytes))
+        return is_waveform(value)
 
     def describe_items(self) -> str:
-        return 'give a waveform (a 1-D float array or a {"array", "sampling_rate"} dict), a list or a generator of them'
+        return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
-        waves = [self._waveform(w) for w in items]
+        waves = [waveform(w, self._rate()) for w in items]
         chunking = self._strides(options)
         window = self._window()
         pieces: list[tuple[int, np.ndarray]] = []  # (item, chunk)
@@ -208,28 +209,6 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
         if start is None:
             raise InputError(f"{self.repo.source}: no decoder_start_token_id")
         return tokens
-
-    def _waveform(self, wave: Any) -> np.ndarray:
-        rate = self._rate()
-        if isinstance(wave, (str, bytes)):
-            raise InputError(
-                "give the audio as a waveform (decode files first, e.g. with soundfile); got "
-                f"a {type(wave).__name__}"
-            )
-        if isinstance(wave, Mapping):
-            given = wave.get("sampling_rate", rate)
-            if given != rate:
-                raise InputError(
-                    f"the waveform is sampled at {given} Hz and the model takes {rate} Hz: "
-                    "resample it first"
-                )
-            wave = wave.get("array", wave.get("raw"))
-        wave = np.asarray(wave)
-        if wave.ndim != 1 or wave.size == 0 or not np.issubdtype(wave.dtype, np.floating):
-            raise InputError(
-                f"a waveform is a non-empty 1-D float array; got {wave.dtype}{list(wave.shape)}"
-            )
-        return wave
 
 
 _CHUNKING = ("chunk_length_s", "stride_length_s")
