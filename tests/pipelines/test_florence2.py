@@ -20,7 +20,7 @@ from transmuter.pipelines.generation.seq2seq import _no_repeat
 from transmuter.pipelines.vision.florence2 import Florence2Captioner, construct_prompt
 from transmuter.pipelines.vision.processors import preprocess
 
-pytest.importorskip("PIL.Image")
+Image = pytest.importorskip("PIL.Image")
 
 REPO = REPOS / "florence2"
 EOS = 2  # generation_config.json's forced_eos_token_id
@@ -78,7 +78,6 @@ def test_a_batch_of_two_image_sizes_first_tokens(florence):
 def test_call_forms(florence):
     """transformers' image-text-to-text forms: images and text, images= and a text per image,
     {"image", "text"} dicts, a generator; a wide image's boxes are in its own frame."""
-    from PIL import Image
 
     pictures = images()
     want = florence(pictures, text="<OD>", max_new_tokens=4)
@@ -94,6 +93,34 @@ def test_call_forms(florence):
         assert all(0 <= x <= 400 for x in box[0::2]) and all(0 <= y <= 20 for y in box[1::2])
     with pytest.raises(InputError, match="images given twice"):
         florence(pictures, images=pictures, text="<OD>")
+
+
+def test_a_wide_image_under_an_aspect_keeping_processor_is_named(tmp_path):
+    """<OD> on a wide image ended in an error inside the vision tower: with a processor that
+    keeps the aspect ratio (a shortest_edge, no center crop) and an export taking any image
+    size, the wide image's feature map is wider than the tower's 2-D position table (torch's
+    Florence2ForConditionalGeneration raises IndexError on it, on this fixture's config). It is
+    an InputError naming the sizes and the config before the model runs; a square image under
+    the same processor answers as under the fixture's own."""
+    import json
+    import shutil
+
+    import onnx
+
+    shutil.copytree(REPO, tmp_path / "repo")
+    tower = tmp_path / "repo" / "onnx" / "vision_encoder.onnx"
+    proto = onnx.load(str(tower))
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    onnx.save(proto, str(tower))
+    config = tmp_path / "repo" / "preprocessor_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "size": {"shortest_edge": 64}}))
+    florence = transmuter.pipeline("image-text-to-text", tmp_path / "repo", max_new_tokens=4)
+    square = np.asarray(Image.fromarray(images()[0]).resize((64, 64)))
+    assert list(florence(square, text="<OD>")) == ["<OD>"]
+    wide = np.zeros((40, 200, 3), np.uint8)
+    with pytest.raises(InputError, match=r"200 x 40 pixels .* resizes to 320 x 64 .* 64 x 64"):
+        florence(wide, text="<OD>")
 
 
 def test_no_repeat_ngram_bans_what_transformers_bans():

@@ -162,6 +162,12 @@ class Florence2(Text2TextGeneration, ImageTask):
         self.images = repo.preprocessor_config
         if not self.images.get("size"):
             raise ModelLoadError(f"{repo.source}: preprocessor_config.json gives no image size")
+        # Florence2Processor puts image_seq_length image tokens before every prompt: the
+        # count the vision tower gives at the size a square image is processed to. A
+        # processor that keeps the aspect ratio (a shortest_edge without a center crop) gives a
+        # wide image another size, whose features the tower cannot place (its 2-D position
+        # table is as wide as a square's) and whose count no longer matches the tokens.
+        self.pixel_size = preprocess(np.zeros((8, 8, 3), np.uint8), self.images).shape[1:]
         tokens = repo.tokenizer_config
         self.bos, self.eos = _token(tokens, "bos_token"), _token(tokens, "eos_token")
         if self.bos is None or self.eos is None:
@@ -214,9 +220,21 @@ class Florence2(Text2TextGeneration, ImageTask):
         """The images as Pillow images (their sizes are the boxes' frame) and their pixel
         values [batch, 3, height, width]."""
         images = [load_image(image) for image in images]
-        if not images:
-            raise InputError("give an image or a non-empty list of them")
-        return images, np.stack([preprocess(image, self.images) for image in images])
+        pixels = [preprocess(image, self.images) for image in images]
+        for image, values in zip(images, pixels):
+            if values.shape[1:] != self.pixel_size:
+                height, width = self.pixel_size
+                raise InputError(
+                    f"an image of {image.width} x {image.height} pixels (width x height) "
+                    f"resizes to {values.shape[2]} x {values.shape[1]} under "
+                    f"preprocessor_config.json's size {self.images['size']}; Florence-2 reads "
+                    f"its image tokens at the size a square image takes, {width} x {height} "
+                    "(transformers' model cannot read it either: its vision tower's position "
+                    "table is as wide as a square's); give the repo a "
+                    'preprocessor_config.json that resizes to one size ({"height", "width"}, '
+                    "or a center crop)"
+                )
+        return images, np.stack(pixels)
 
     def prompt_ids(self, text: str) -> list[int]:
         """The prompt's token ids, as Florence2Processor makes them (without its image tokens,
