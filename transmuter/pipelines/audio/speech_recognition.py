@@ -21,8 +21,7 @@ import numpy as np
 from transmuter.errors import InputError
 from transmuter.pipelines.audio.features import log_mel
 from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
-from transmuter.pipelines.base import Task, positive_int, threshold
-from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
+from transmuter.pipelines.base import Task, threshold
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.text2text_generation import Text2TextGeneration
 
@@ -49,15 +48,7 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
         stride_length_s: float | Sequence[float] | None = None,
         **options: Any,
     ):
-        self.repo = repo
-        self.batch_size = positive_int(batch_size, "batch_size")
-        self.tokenizer = repo.require_tokenizer(self.task)
-        self.decoder = seq2seq_decoder(repo, self.task, decoding)
-        if self.decoder.encoder.inputs != ["input_features"]:
-            raise InputError(
-                f"{repo.source}: speech recognition feeds input_features (Whisper's encoder); "
-                f"the encoder takes {self.decoder.encoder.inputs}"
-            )
+        self._load(repo, decoding, batch_size, ["input_features"])  # Whisper's encoder
         self.features = repo.preprocessor_config
         self._set_defaults(
             options,

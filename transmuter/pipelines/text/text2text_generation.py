@@ -34,12 +34,24 @@ class Text2TextGeneration(TextGeneration):
     output_key = "generated_text"
 
     def __init__(self, repo: Repo, *, decoding: str = "past", batch_size: int = 8, **options: Any):
+        self._load(repo, decoding, batch_size)
+        self.prefix = task_prefix(repo, self.task)
+        self._set_defaults(options)
+
+    def _load(
+        self, repo: Repo, decoding: str, batch_size: int, feeds: list[str] | None = None
+    ) -> None:
+        """The repo, its tokenizer and `decoding`'s decoder; `feeds`: the encoder's inputs the
+        task gives (a ModelLoadError where the encoder takes others)."""
         self.repo = repo
         self.batch_size = positive_int(batch_size, "batch_size")
         self.tokenizer = repo.require_tokenizer(self.task)
         self.decoder = seq2seq_decoder(repo, self.task, decoding)
-        self.prefix = task_prefix(repo, self.task)
-        self._set_defaults(options)
+        if feeds is not None and self.decoder.encoder.inputs != feeds:
+            raise ModelLoadError(
+                f"{repo.source}: {self.task} feeds {feeds} to the encoder; it takes "
+                f"{self.decoder.encoder.inputs}"
+            )
 
     def __call__(self, inputs: Any, **options: Any) -> Any:
         results = super().__call__(inputs, **options)
