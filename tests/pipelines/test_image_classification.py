@@ -79,3 +79,20 @@ def test_generators_options_and_their_checks(classify):
         classify(images()[0], function_to_apply="relu")
     with pytest.raises(InputError, match="batch_size must be an integer of at least 1"):
         transmuter.pipeline("image-classification", REPOS / "vit", batch_size=0)
+
+
+def test_images_as_transformers_reads_strings(classify, tmp_path):
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(images()[1]).save(buffer, format="PNG")
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    want = classify(images()[1])
+    assert classify(encoded) == want
+    assert classify("data:image/png;base64," + encoded) == want
+    with pytest.raises(InputError, match="URLs are not fetched"):
+        classify("https://example.com/cat.png")
+    with pytest.raises(InputError, match="no such file, and not a base64 image"):
+        classify(str(tmp_path / "missing.png"))
+    assert transmuter.pipeline("image-classification", REPOS / "vit", top_k=None).top_k == 5

@@ -27,7 +27,7 @@ class ImageClassification(ImageTask):
         self,
         repo: Repo,
         *,
-        top_k: int = 5,
+        top_k: int | None = 5,
         function_to_apply: str | None = None,
         batch_size: int = 8,
     ):
@@ -35,7 +35,7 @@ class ImageClassification(ImageTask):
         self.model = PixelModel(repo, "model", "image-classification", batch_size)
         self.batch_size = self.model.batch_size
         self.config = repo.preprocessor_config
-        self.top_k = top_k_option(top_k)
+        self.top_k = 5 if top_k is None else top_k_option(top_k)  # transformers' None: 5
         labels = repo.config.get("num_labels") or len(repo.config.get("id2label") or {})
         multi = repo.config.get("problem_type") == "multi_label_classification"
         self.function = "sigmoid" if multi or labels == 1 else "softmax"

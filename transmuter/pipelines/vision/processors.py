@@ -56,7 +56,9 @@ def load_image(image: Any) -> Any:
             "pip install 'transmuter[image]'"
         ) from None
 
-    if isinstance(image, (str, os.PathLike)):
+    if isinstance(image, str) and not os.path.exists(image):
+        image = _from_string(image)
+    elif isinstance(image, (str, os.PathLike)):
         try:
             image = Image.open(image)
             image.load()
@@ -72,6 +74,30 @@ def load_image(image: Any) -> Any:
     if image.width < 1 or image.height < 1:
         raise InputError(f"the image has no pixels ({image.width} x {image.height})")
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _from_string(text: str) -> Any:
+    """A string that names no file: a base64 image or a data URL, as transformers' load_image
+    takes them (an http URL is not fetched: Transmuter reads no network here)."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image
+
+    shown = text if len(text) < 80 else text[:77] + "..."
+    if text.startswith(("http://", "https://")):
+        raise InputError(f"{shown!r}: download the image first; URLs are not fetched")
+    if text.startswith("data:image/"):
+        text = text.partition(",")[2]
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(text, validate=True)))
+        image.load()
+    except (binascii.Error, OSError, ValueError):
+        raise InputError(
+            f"cannot read an image from {shown!r}: no such file, and not a base64 image"
+        ) from None
+    return image
 
 
 def _from_array(array: np.ndarray) -> Any:
