@@ -93,6 +93,16 @@ def test_labels_scores_boxes_and_requests(detect):
     assert_same(top, case["results"])
     asked = detect({"image": images[1], "candidate_labels": labels}, threshold=threshold)
     assert_same(asked, want["landscape"]["results"][1])
+    # transformers' zipped form, a label list per image (refused before), and a generator of
+    # request dicts.
+    zipped = detect(images[:2], candidate_labels=[labels, labels], threshold=threshold)
+    streamed = detect(
+        iter([{"image": image, "candidate_labels": labels} for image in images[:2]]),
+        threshold=threshold,
+    )
+    for got, again, wanted in zip(zipped, streamed, want["landscape"]["results"][:2], strict=True):
+        assert_same(got, wanted)
+        assert_same(again, wanted)
     # Three image sizes resized alike, 4 rows, 16 tokens: one program.
     assert len(detect.grounding._compiled.signatures) == 1
 
