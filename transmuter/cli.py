@@ -1,7 +1,7 @@
 """The `transmuter` command: info, run, check, export and bench on a model path or hf:// source.
 
 Errors print one line and a hint; `--debug` shows the traceback. Progress goes to stderr, results
-to stdout.
+to stdout. `transmuter serve` needs the server's libraries: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """ONNX Runtime as the reference: a CPU session with graph optimizations off, its outputs, and
-where its integer kernels saturate (so that a difference there is ORT's, not ours)."""
+where its integer kernels saturate (so that a difference there is ORT's, not ours).
+ONNX Runtime comes with `pip install transmuter[check]`."""
 
 from __future__ import annotations
 

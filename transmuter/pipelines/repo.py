@@ -6,6 +6,7 @@ Optimum writes `model.onnx` (encoders, and decoders with past key values), or
 `decoder_model_merged.onnx`; transformers.js writes the same names under `onnx/`, with a suffix
 per weight type (`model_fp16.onnx`, `model_quantized.onnx`, `model_q4.onnx`,
 `model_q4f16.onnx`), which `dtype=` chooses.
+Tokenizers need `pip install transmuter[pipelines]`.
 """
 
 from __future__ import annotations

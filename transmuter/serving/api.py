@@ -1,5 +1,7 @@
 """What every route shares: the request body read within its byte budget and parsed into its
-schema (protocol.py), and the HTTP answer to any exception."""
+schema (protocol.py), and the HTTP answer to any exception.
+Part of `transmuter serve`: `pip install transmuter[serve]`.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """OpenAI's `POST /v1/audio/transcriptions` on an automatic-speech-recognition pipeline: a
 multipart upload of a WAV file (PCM, the preprocessor's sampling rate; stereo is averaged to
-mono), `model`, `language`, `response_format` "json" or "text"."""
+mono), `model`, `language`, `response_format` "json" or "text".
+Part of `transmuter serve`: `pip install transmuter[serve]`.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ A repository's chat template (tokenizer_config.json's `chat_template`) renders w
 sandbox with transformers' settings: trim_blocks, lstrip_blocks, the loop-controls extension,
 `raise_exception`, a `tojson` that keeps non-ASCII, the messages, `add_generation_prompt=True`
 and the special tokens (bos_token, eos_token, ...) as strings.
+Part of `transmuter serve`: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ a streamed one sends server-sent events as its text grows and stops generating w
 goes away. `temperature` 0 is greedy;
 `max_tokens` (checked against the room the prompt leaves in --max-model-len), `top_p`, `stop`
 (cut before, as OpenAI does), `seed` and `n` 1 are taken (protocol.py's schemas).
+Part of `transmuter serve`: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ For every task `GET /v1/models`, `/health` (200 once warmed up, 503 before) and 
 Every failure is a JSON answer in its route's shape (protocol.py): OpenAI's under /v1, TEI's
 elsewhere. Bodies past `max_request_bytes` are refused (413) as they are read; inference
 routes answer 503 with Retry-After until the warm-up is done.
+Part of `transmuter serve`: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations

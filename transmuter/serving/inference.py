@@ -12,6 +12,7 @@ What `inputs` holds follows the task's kind, read from the registry (pipelines/r
 - audio tasks (audio.*, not text-to-speech): each clip as a base64 WAV file (or data URL), or
   {"array": [samples], "sampling_rate": n}.
 `parameters` are the pipeline's per-call options, their names checked against its signature.
+Part of `transmuter serve`: `pip install transmuter[serve]`, and `transmuter[image]` for images.
 """
 
 from __future__ import annotations

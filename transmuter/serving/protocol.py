@@ -13,6 +13,7 @@ Statuses and shapes (`ApiError.response`): OpenAI's routes answer
 400 for a bad request, 404 an unknown model, 413 a body past --max-request-bytes or more items
 than --max-client-batch-size, 500 a failure of the server or the model, 503 with Retry-After
 while overloaded, warming up or closing.
+Part of `transmuter serve`: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """ImageDecoder: the bytes of an encoded image to a uint8 [H, W, C] tensor, decoded with Pillow.
 
 The output shape depends on the image, so the op runs on the host (`data_dependent=True`); under
-`transmuter.compile` it is a graph break. Pillow is an optional dependency, imported when the op
+`transmuter.compile` it is a graph break. Pillow is an optional dependency (`transmuter[image]`), imported when the op
 first runs, so that models without images never need it.
 
 Where the spec leaves choices open, this follows Pillow (as onnx.reference does; ONNX Runtime

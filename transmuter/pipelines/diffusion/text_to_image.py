@@ -14,6 +14,7 @@ dim is bucketed: each image size and batch is its own program.
 The repo: model_index.json, text_encoder/, unet/, vae_decoder/ (and vae_encoder/ for
 image-to-image) each with model.onnx and config.json, tokenizer/ (tokenizer.json, or CLIP's
 vocab.json + merges.txt) and scheduler/scheduler_config.json; a folder or hf://org/repo.
+Needs `transmuter[pipelines]` (the tokenizer, tqdm's progress bar) and `transmuter[image]`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ patch attends to every other, the convolutions see the border), so each resized 
 own program. With keep_aspect_ratio one side is `size`'s and the other follows the aspect ratio
 in steps of `ensure_multiple_of`, which bounds the shapes: Depth Anything's 518 and 14 give at
 most a few dozen for ordinary aspect ratios, and `programs` (default 16) keeps the most
-recently used."""
+recently used.
+The depth image needs Pillow: `transmuter[image]`.
+"""
 
 from __future__ import annotations
 

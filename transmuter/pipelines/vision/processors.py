@@ -15,6 +15,7 @@ preprocessor_config.json, and each model family's rules, written once here:
   their last hidden state (`POOLING`, `pooled`);
 - torch's `interpolate` (bilinear and bicubic, align_corners=False) as the matrices the
   post-processors resize maps with (`interpolation`, `resize_maps`).
+Images are read and resized with Pillow: `transmuter[image]`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ unsorted top-k over (query, class) pairs, an order of torch's implementation.
 Shapes: SegformerImageProcessor resizes every image to one size, so only the batch dim varies
 (bucketed to powers of two up to `batch_size`). DETR and Mask2Former run each image alone at its
 resized size (detection.py's `DetrFamilyModel`): a program per size, the `cache_size` most
-recent kept."""
+recent kept.
+The masks are Pillow images: `transmuter[image]`.
+"""
 
 from __future__ import annotations
 
