@@ -22,6 +22,12 @@ class ImageTask(Task):
     channels)."""
 
     def __call__(self, inputs: Any, **options: Any) -> Any:
+        if "batch_size" in options:
+            # transformers' pipelines take batch_size per call too. Here each image's answer
+            # does not depend on its batch (a program per batch bucket, padded rows dropped),
+            # and the buckets are compiled up to the pipeline's batch_size, so the call's is
+            # checked and the pipeline's batches are kept.
+            positive_int(options.pop("batch_size"), "batch_size")
         check_options(self, options)
         return super().__call__(inputs, **options)
 
