@@ -7,7 +7,11 @@ Two uses, as transformers offers them. With prompts (points with labels, boxes) 
 SamProcessor + SamModel + post_process_masks: {"masks": bool [prompts, masks, height, width],
 "iou_scores": [prompts, masks]} per image. Without, it is transformers' mask-generation
 pipeline: a grid of single-point prompts, the masks filtered by predicted IoU and stability,
-then box non-maximum suppression: {"masks": [bool [height, width]], "scores": [float]}.
+then box non-maximum suppression: {"masks": [bool [height, width]], "scores": [float]}, with
+`output_rle_mask` also "rle_mask" (each mask's COCO run lengths: {"size": [height, width],
+"counts"} over the pixels in column-major order, starting with a run of zeros) and with
+`output_bboxes_mask` "bounding_boxes" (int64 [masks, 4]: x0, y0, x1, y1 of each mask's
+pixels, inclusive; zeros for an empty mask).
 
 The image is resized so that its longer side is the processor's `longest_edge`, normalized and
 padded bottom-right to `pad_size`: every image is one encoder shape. Its embeddings are kept for
@@ -63,6 +67,8 @@ GENERATION = {
     "stability_score_offset": 1.0,
     "crops_nms_thresh": 0.7,
     "mask_threshold": 0.0,
+    "output_rle_mask": False,
+    "output_bboxes_mask": False,
 }
 
 
@@ -208,9 +214,14 @@ class MaskGeneration(ImageTask):
             masks.extend(kept)
             scores.append(kept_scores)
             boxes.append(_mask_boxes(kept))
-        scores = np.concatenate(scores)
-        order = _nms(np.concatenate(boxes), scores, settings["crops_nms_thresh"])
-        return {"masks": [masks[i] for i in order], "scores": [float(scores[i]) for i in order]}
+        scores, boxes = np.concatenate(scores), np.concatenate(boxes)
+        order = _nms(boxes, scores, settings["crops_nms_thresh"])
+        result = {"masks": [masks[i] for i in order], "scores": [float(scores[i]) for i in order]}
+        if settings["output_rle_mask"]:
+            result["rle_mask"] = [_rle(masks[i]) for i in order]
+        if settings["output_bboxes_mask"]:
+            result["bounding_boxes"] = boxes[order].reshape(-1, 4)
+        return result
 
     # --- the models ------------------------------------------------------------------------
 
@@ -408,6 +419,17 @@ def _filter(logits: Any, scores: np.ndarray, settings: dict[str, Any]):
     return list(masks), scores[index]
 
 
+def _rle(mask: np.ndarray) -> dict[str, Any]:
+    """A mask's uncompressed COCO run-length encoding, as the mask-generation pipeline gives
+    it: run lengths over the pixels in column-major order, the first a run of zeros (0 where
+    the first pixel is in the mask)."""
+    height, width = mask.shape
+    flat = np.asarray(mask, bool).T.ravel()
+    edges = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1, [flat.size]])
+    counts = np.diff(edges).tolist()
+    return {"size": [height, width], "counts": [0] * bool(flat[0]) + counts}
+
+
 def _mask_boxes(masks: list[np.ndarray]) -> np.ndarray:
     """[masks, 4] (x0, y0, x1, y1) of each mask's pixels, inclusive; zeros for an empty mask."""
     boxes = np.zeros((len(masks), 4), np.int64)
@@ -448,6 +470,10 @@ def _generation_options(defaults: dict[str, Any], given: dict[str, Any]) -> dict
     for name, value in settings.items():
         if name in ("points_per_batch", "points_per_crop"):
             settings[name] = positive_int(value, name)
+        elif name in ("output_rle_mask", "output_bboxes_mask"):
+            if not isinstance(value, (bool, np.bool_)):
+                raise InputError(f"{name} must be True or False; got {value!r}")
+            settings[name] = bool(value)
         elif name == "crops_n_layers":
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InputError(f"crops_n_layers must be an integer; got {value!r}")
