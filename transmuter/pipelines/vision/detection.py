@@ -49,7 +49,7 @@ from transmuter.pipelines.base import id2label, positive_int
 from transmuter.pipelines.base import threshold as threshold_option
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.vision.image_tasks import ImageTask
+from transmuter.pipelines.vision.image_tasks import ImageTask, call_arguments
 from transmuter.pipelines.vision.processors import (
     DETR_FAMILY_DEFAULTS,
     detr_family_pixels,
@@ -63,6 +63,8 @@ FAMILIES = {
     "yolos": ("yolos", "softmax"),
     "rt_detr": ("rt_detr", "sigmoid"),
 }
+
+ALIASES = {"images": "inputs"}
 
 
 class DetrFamilyModel:
@@ -178,6 +180,11 @@ class ObjectDetection(DetrFamilyModel, ImageTask):
             # RT-DETR trained without focal loss: softmax scores without the last class, the
             # best class per query (its post-processor's top-k then keeps every query).
             self.scoring = "softmax"
+
+    def __call__(self, inputs: Any = None, **options: Any) -> Any:
+        # transformers' pipeline takes the images as images= too (its older keyword).
+        inputs, options = call_arguments(self, inputs, (), options, "threshold", ALIASES)
+        return super().__call__(inputs, **options)
 
     def run_items(
         self, items: list, *, threshold: float | None = None, top_k: int | None = None

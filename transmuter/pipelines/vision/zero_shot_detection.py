@@ -219,5 +219,14 @@ def _requests(items: list, labels: Any) -> list[tuple[Any, list[str]]]:
                 "zero-shot-object-detection needs candidate_labels: give them as an option "
                 'or in each {"image", "candidate_labels"} dict'
             )
-        requests.append((image, candidate_labels_option(given)))
+        requests.append((image, _labels(given)))
     return requests
+
+
+def _labels(value: Any) -> list[str]:
+    """A label list; one string split at its commas as transformers' zero-shot-object-detection
+    splits it, nothing stripped ("cat, couch" is "cat" and " couch": the label keeps its space,
+    and so does its prompt), where zero-shot classification strips them."""
+    if isinstance(value, str):
+        value = value.split(",")
+    return candidate_labels_option(value)
