@@ -1,0 +1,107 @@
+"""transformers' text-generation, text2text-generation, summarization and translation call forms
+replayed on Optimum's exports of GPT-2, Llama, Qwen2, Phi-3 (model.onnx with past) and T5, BART
+(encoder + merged decoder); tests/fixtures/differential/make_generation.py records them."""
+
+from __future__ import annotations
+
+import pytest
+from replay import cases, check, check_transformers_js
+
+DECODERS = ("gen-gpt2", "gen-llama", "gen-qwen2", "gen-phi3")
+SEQ2SEQ = ("gen-t5", "gen-bart")
+
+REFUSED: dict[str, str] = {
+    "gen-gpt2/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-gpt2/return-text": "return_text is not an option of text-generation (ReturnType.FULL_TEXT)",
+    "gen-gpt2/max-length": "decoder-only: a per-call max_length unsets generation_config.json's max_new_tokens (_lengths_given); transformers' generate() lets max_new_tokens win wherever it is set. T5: the longest text (17 tokens) decodes differently, see generator",
+    "gen-gpt2/preprocess-kwargs": "add_special_tokens / padding are not options: prompts are always encoded with the tokenizer's post-processor",
+    "gen-gpt2/add-special-tokens": "add_special_tokens is not an option (tokenizer kwargs are not passed through)",
+    "gen-gpt2/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-gpt2/empty-prompt": "an empty prompt is refused; transformers' generate() starts it from bos_token_id",
+    "gen-gpt2/prefix": "the prefix option (prepended to the prompt, cut from the full text) is not implemented",
+    "gen-gpt2/stop-sequence": "transformers' stop_sequence is called stop here; no alias, and stop_strings' cut at the stop string is not checked",
+    "gen-gpt2/handle-long-generation-hole": "handle_long_generation='hole' (cut the prompt's start to fit model_max_length) is not implemented",
+    "gen-llama/batch-size": "decoder-only: batch_size is a pipeline() option, not a per-call one. Seq2seq: also refused per call, and the longest text decodes differently (see generator)",
+    "gen-llama/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-llama/return-text": "return_text is not an option of text-generation (ReturnType.FULL_TEXT)",
+    "gen-llama/max-length": "decoder-only: a per-call max_length unsets generation_config.json's max_new_tokens (_lengths_given); transformers' generate() lets max_new_tokens win wherever it is set. T5: the longest text (17 tokens) decodes differently, see generator",
+    "gen-llama/preprocess-kwargs": "add_special_tokens / padding are not options: prompts are always encoded with the tokenizer's post-processor",
+    "gen-llama/add-special-tokens": "add_special_tokens is not an option (tokenizer kwargs are not passed through)",
+    "gen-llama/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-llama/prefix": "the prefix option (prepended to the prompt, cut from the full text) is not implemented",
+    "gen-llama/stop-sequence": "transformers' stop_sequence is called stop here; no alias, and stop_strings' cut at the stop string is not checked",
+    "gen-llama/long-prompt": "TextGeneration._check_positions refuses a prompt past max_position_embeddings, but a RoPE model has no position table and transformers answers",
+    "gen-llama/handle-long-generation-hole": "handle_long_generation='hole' (cut the prompt's start to fit model_max_length) is not implemented",
+    "gen-qwen2/batch-size": "decoder-only: batch_size is a pipeline() option, not a per-call one. Seq2seq: also refused per call, and the longest text decodes differently (see generator)",
+    "gen-qwen2/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-qwen2/return-text": "return_text is not an option of text-generation (ReturnType.FULL_TEXT)",
+    "gen-qwen2/max-length": "decoder-only: a per-call max_length unsets generation_config.json's max_new_tokens (_lengths_given); transformers' generate() lets max_new_tokens win wherever it is set. T5: the longest text (17 tokens) decodes differently, see generator",
+    "gen-qwen2/preprocess-kwargs": "add_special_tokens / padding are not options: prompts are always encoded with the tokenizer's post-processor",
+    "gen-qwen2/add-special-tokens": "add_special_tokens is not an option (tokenizer kwargs are not passed through)",
+    "gen-qwen2/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-qwen2/empty-prompt": "an empty prompt is refused; transformers' generate() starts it from bos_token_id",
+    "gen-qwen2/prefix": "the prefix option (prepended to the prompt, cut from the full text) is not implemented",
+    "gen-qwen2/stop-sequence": "transformers' stop_sequence is called stop here; no alias, and stop_strings' cut at the stop string is not checked",
+    "gen-qwen2/long-prompt": "TextGeneration._check_positions refuses a prompt past max_position_embeddings, but a RoPE model has no position table and transformers answers",
+    "gen-qwen2/handle-long-generation-hole": "handle_long_generation='hole' (cut the prompt's start to fit model_max_length) is not implemented",
+    "gen-qwen2/chat": "chat messages (role/content dicts through tokenizer_config.json's chat_template) are not supported",
+    "gen-qwen2/chat-list": "chat messages are not supported (no chat template rendering)",
+    "gen-qwen2/chat-generation-prompt": "chat messages are not supported (no chat template rendering)",
+    "gen-qwen2/chat-continue-false": "chat messages and continue_final_message are not supported",
+    "gen-phi3/batch-size": "decoder-only: batch_size is a pipeline() option, not a per-call one. Seq2seq: also refused per call, and the longest text decodes differently (see generator)",
+    "gen-phi3/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-phi3/return-text": "return_text is not an option of text-generation (ReturnType.FULL_TEXT)",
+    "gen-phi3/max-length": "decoder-only: a per-call max_length unsets generation_config.json's max_new_tokens (_lengths_given); transformers' generate() lets max_new_tokens win wherever it is set. T5: the longest text (17 tokens) decodes differently, see generator",
+    "gen-phi3/preprocess-kwargs": "add_special_tokens / padding are not options: prompts are always encoded with the tokenizer's post-processor",
+    "gen-phi3/add-special-tokens": "add_special_tokens is not an option (tokenizer kwargs are not passed through)",
+    "gen-phi3/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-phi3/prefix": "the prefix option (prepended to the prompt, cut from the full text) is not implemented",
+    "gen-phi3/stop-sequence": "transformers' stop_sequence is called stop here; no alias, and stop_strings' cut at the stop string is not checked",
+    "gen-phi3/long-prompt": "TextGeneration._check_positions refuses a prompt past max_position_embeddings, but a RoPE model has no position table and transformers answers",
+    "gen-phi3/handle-long-generation-hole": "handle_long_generation='hole' (cut the prompt's start to fit model_max_length) is not implemented",
+    "gen-t5/generator": "the longest text ('Paris is the capital ...', 17 tokens) decodes to other tokens than transformers' (ONNX Runtime's greedy loop on the same files equals transformers'): not yet diagnosed (encoder bucket padding is the suspect)",
+    "gen-t5/batch-size": "decoder-only: batch_size is a pipeline() option, not a per-call one. Seq2seq: also refused per call, and the longest text decodes differently (see generator)",
+    "gen-t5/max-length": "decoder-only: a per-call max_length unsets generation_config.json's max_new_tokens (_lengths_given); transformers' generate() lets max_new_tokens win wherever it is set. T5: the longest text (17 tokens) decodes differently, see generator",
+    "gen-t5/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-t5/return-text-and-tensors": "return_tensors / return_text are not options of text2text-generation",
+    "gen-t5/num-return-sequences-beams": "num_beams / num_return_sequences: beam search is not implemented",
+    "gen-t5/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-t5/clean-up-tokenization-spaces": "clean_up_tokenization_spaces is not an option",
+    "gen-t5/summarization-list": "the longest text decodes differently from transformers' (see generator)",
+    "gen-t5/summarization-return-tensors": "return_tensors (summary_token_ids) is not an option",
+    "gen-t5/translation-en-fr": "the answer stops earlier than transformers' ('Jo' vs 'Joş…'): task_specific_params['translation_en_to_fr'] max_length not applied as transformers counts it",
+    "gen-t5/translation-list": "same as translation-en-fr (task_specific_params' max_length)",
+    "gen-t5/translation-return-tensors": "return_tensors (translation_token_ids) is not an option",
+    "gen-t5/translation-src-tgt": "src_lang / tgt_lang are not options of translation",
+    "gen-bart/generator": "the longest text ('Paris is the capital ...', 17 tokens) decodes to other tokens than transformers' (ONNX Runtime's greedy loop on the same files equals transformers'): not yet diagnosed (encoder bucket padding is the suspect)",
+    "gen-bart/batch-size": "decoder-only: batch_size is a pipeline() option, not a per-call one. Seq2seq: also refused per call, and the longest text decodes differently (see generator)",
+    "gen-bart/return-tensors": "return_tensors=True (generated_token_ids / summary_token_ids / translation_token_ids) is not an option of the generation tasks",
+    "gen-bart/return-text-and-tensors": "return_tensors / return_text are not options of text2text-generation",
+    "gen-bart/num-return-sequences-beams": "num_beams / num_return_sequences: beam search is not implemented",
+    "gen-bart/truncation": "truncation (with max_length as the tokenizer's limit) is not implemented: tokenizer kwargs are not passed through",
+    "gen-bart/clean-up-tokenization-spaces": "clean_up_tokenization_spaces is not an option",
+    "gen-bart/summarization": "the longest text decodes differently from transformers' (see generator)",
+    "gen-bart/summarization-list": "the longest text decodes differently from transformers' (see generator)",
+    "gen-bart/summarization-return-tensors": "return_tensors (summary_token_ids) is not an option",
+    "gen-bart/summarization-long": "a text past BART's 64 positions fails inside the graph with ShapeError (Gather indices outside the table), not an InputError; transformers raises IndexError",
+}
+
+
+_CASES = cases(*DECODERS, *SEQ2SEQ, refused=REFUSED)
+
+
+@pytest.mark.parametrize("repo, call", [c for c in _CASES if c.values[0] in DECODERS])
+def test_call(repo, call):
+    check(repo, call)
+
+
+# The encoder-decoders' "past" decoding compiles a program per token: minutes on a loaded CPU.
+@pytest.mark.slow
+@pytest.mark.parametrize("repo, call", [c for c in _CASES if c.values[0] in SEQ2SEQ])
+def test_seq2seq_call(repo, call):
+    check(repo, call)
+
+
+@pytest.mark.parametrize("repo", DECODERS + SEQ2SEQ)
+def test_transformers_js_layout(repo, tmp_path):
+    check_transformers_js(repo, tmp_path)
