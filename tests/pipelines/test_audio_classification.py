@@ -91,3 +91,12 @@ def test_from_the_hub(hub):  # noqa: F811
     commit = publish(hub, "org/ast", REPOS / "ast")
     classify = transmuter.pipeline("audio-classification", f"hf://org/ast@{commit}", top_k=1)
     check(classify(clips()[3]), expected("ast")["results"][3][:1])
+
+
+def test_batch_size_per_call_as_transformers_takes_it(ast):
+    # transformers' pipelines take batch_size on each call too; the answers do not change.
+    batched = ast(clips(), batch_size=3)
+    for row, wanted in zip(batched, expected("ast")["results"], strict=True):
+        check(row, wanted)
+    with pytest.raises(InputError, match="batch_size"):
+        ast(clips(), batch_size=0)

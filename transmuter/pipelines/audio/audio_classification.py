@@ -73,22 +73,28 @@ class AudioClassification(Task):
         return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(
-        self, items: list, *, top_k: int | None = None, function_to_apply: str | None = None
+        self,
+        items: list,
+        *,
+        top_k: int | None = None,
+        function_to_apply: str | None = None,
+        batch_size: int | None = None,
     ) -> list:
         waves = [waveform(w, self._rate()) for w in items]
         function = _checked_function(function_to_apply) or self.function_to_apply
         function = function or self._default_function()
         top_k = _checked_top_k(top_k) or self.top_k
-        return [self._ranked(row, function, top_k) for row in self._logits(waves)]
+        batch = self.batch_size if batch_size is None else positive_int(batch_size, "batch_size")
+        return [self._ranked(row, function, top_k) for row in self._logits(waves, batch)]
 
-    def _logits(self, waves: list[np.ndarray]) -> list[np.ndarray]:
+    def _logits(self, waves: list[np.ndarray], batch_size: int) -> list[np.ndarray]:
         if self.kind == "Wav2Vec2FeatureExtractor":
             return [self._run(self._normalized(w)[None])[0] for w in waves]
         features = np.stack([self._spectrogram(w) for w in waves])
         return [
             row
-            for start in range(0, len(features), self.batch_size)
-            for row in self._run(features[start : start + self.batch_size])
+            for start in range(0, len(features), batch_size)
+            for row in self._run(features[start : start + batch_size])
         ]
 
     def _run(self, values: np.ndarray) -> np.ndarray:

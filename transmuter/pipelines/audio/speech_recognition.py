@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from transmuter.errors import InputError
+import transmuter
+from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio.features import log_mel
 from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
-from transmuter.pipelines.base import Task, threshold
-from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.base import Task, positive_int, threshold
+from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import Text2TextGeneration
 
 
@@ -38,6 +39,13 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
 
     task = "automatic-speech-recognition"
 
+    def __new__(cls, repo: Repo, **options: Any):
+        # One task name, two kinds of model, as in transformers: an export without an
+        # encoder_model.onnx and with a model.onnx is a CTC model (wav2vec2, HuBERT, ...).
+        if cls is AutomaticSpeechRecognition and is_ctc(repo):
+            return CTCSpeechRecognition(repo, **options)
+        return super().__new__(cls)
+
     def __init__(
         self,
         repo: Repo,
@@ -46,10 +54,12 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
         batch_size: int = 8,
         chunk_length_s: float | None = None,
         stride_length_s: float | Sequence[float] | None = None,
+        generate_kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ):
         self._load(repo, decoding, batch_size, ["input_features"])  # Whisper's encoder
         self.features = repo.preprocessor_config
+        options = _beams_checked(_with_generate_kwargs(options, generate_kwargs))
         self._set_defaults(
             options,
             language=None,
@@ -67,7 +77,19 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
     def describe_items(self) -> str:
         return f"give {DESCRIPTION}, a list or a generator of them"
 
-    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+    def run_items(
+        self,
+        items: list,
+        *,
+        key: Any = None,
+        batch_size: int | None = None,
+        generate_kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> list:
+        options = _beams_checked(_with_generate_kwargs(options, generate_kwargs))
+        batch_size = (
+            self.batch_size if batch_size is None else positive_int(batch_size, "batch_size")
+        )
         waves = [waveform(w, self._rate()) for w in items]
         chunking = self._strides(options)
         window = self._window()
@@ -87,8 +109,8 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
                 pieces.extend((index, chunk) for chunk in chunk_iter(wave, *chunking))
         options = {k: v for k, v in options.items() if k not in _CHUNKING}
         rows = []
-        for start in range(0, len(pieces), self.batch_size):
-            batch = [chunk for _, chunk in pieces[start : start + self.batch_size]]
+        for start in range(0, len(pieces), batch_size):
+            batch = [chunk for _, chunk in pieces[start : start + batch_size]]
             rows.extend(self.generate(log_mel(batch, self.features), key=key, **options))
         texts: list[list[list[int]]] = [[] for _ in waves]
         for (index, _), row in zip(pieces, rows):
@@ -109,6 +131,16 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
             options,
             key,
         )
+
+    def _lengths(self, given: dict[str, Any], prompt_length: int):
+        """As WhisperForConditionalGeneration.generate counts them: a max_length (without
+        max_new_tokens) counts after the prompt's first max_target_positions // 2 - 1 tokens,
+        the total capped at max_target_positions."""
+        limit = self.repo.config.get("max_target_positions")
+        if given["max_new_tokens"] is None and given["max_length"] is not None and limit:
+            total = int(given["max_length"]) + min(int(limit) // 2 - 1, prompt_length)
+            given = {**given, "max_length": min(total, int(limit))}
+        return super()._lengths(given, prompt_length)
 
     def _window(self) -> int:
         """The samples Whisper hears at once (its feature extractor's n_samples)."""
@@ -203,6 +235,41 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
 
 
 _CHUNKING = ("chunk_length_s", "stride_length_s")
+
+
+def _beams_checked(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` less num_beams, which may only be 1 (greedy or sampling): beam search is not
+    implemented. transformers 5's pipeline beam-searches Whisper with 5 beams where
+    generation_config.json sets no num_beams; pass num_beams=1 there to get its greedy
+    answer, which is this task's."""
+    if "num_beams" not in options:
+        return options
+    options = dict(options)
+    beams = options.pop("num_beams")
+    if beams != 1 or isinstance(beams, bool):
+        raise InputError(
+            f"num_beams={beams!r}: beam search is not implemented; give num_beams=1 (greedy, "
+            "or sampling with do_sample=True)"
+        )
+    return options
+
+
+def _with_generate_kwargs(
+    options: dict[str, Any], generate_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """`options` with transformers' `generate_kwargs` dict merged in (its keys are this task's
+    generation options: max_new_tokens, language, task, ...); a key given both ways is an
+    InputError, as transformers' pipeline raises for it."""
+    if generate_kwargs is None:
+        return options
+    if not isinstance(generate_kwargs, Mapping):
+        raise InputError(f"generate_kwargs must be a dict; got {type(generate_kwargs).__name__}")
+    both = sorted(set(options) & set(generate_kwargs))
+    if both:
+        raise InputError(f"{both} given both as options and in generate_kwargs: give them once")
+    return {**options, **generate_kwargs}
+
+
 _TIMESTAMP = re.compile(r"<\|\d+\.\d+\|>")
 
 
@@ -251,3 +318,237 @@ def merge_overlapping(sequences: Sequence[Sequence[int]]) -> list[int]:
         total.extend(left[: (left_start + left_stop) // 2])
         left = right[(right_start + right_stop) // 2 :]
     return total + left
+
+
+def is_ctc(repo: Repo) -> bool:
+    """Whether `repo` is a CTC speech model's export: model.onnx and no encoder-decoder."""
+    return "model" in repo.onnx and "encoder" not in repo.onnx
+
+
+class CTCSpeechRecognition(Task):
+    """automatic-speech-recognition with CTC models (Wav2Vec2ForCTC, HuBERT, WavLM: Optimum's
+    model.onnx, input_values in, logits out; Wav2Vec2CTCTokenizer's vocab.json): each frame's
+    best token, repeats merged, blanks (the pad token) dropped, the word delimiter a space, as
+    transformers' pipeline decodes them. Each clip (or chunk) runs alone at its own length
+    (the exports take no attention mask). `chunk_length_s` / `stride_length_s` cut long audio
+    into overlapping chunks, rounded to the model's samples per frame, whose frames are kept
+    between the strides and joined; `return_timestamps` ("char" or "word") adds {"text",
+    "timestamp": (start, end)} chunks in seconds."""
+
+    task = "automatic-speech-recognition"
+
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        batch_size: int = 8,
+        chunk_length_s: float | None = None,
+        stride_length_s: float | Sequence[float] | None = None,
+        return_timestamps: str | None = None,
+        cache_size: int = 8,
+    ):
+        self.repo = repo
+        self.batch_size = positive_int(batch_size, "batch_size")
+        self.cache_size = positive_int(cache_size, "cache_size")
+        self.features = repo.preprocessor_config
+        self.model = repo.model("model")
+        if self.model.inputs != ["input_values"] or "logits" not in self.model.outputs:
+            raise ModelLoadError(
+                f"{repo.source}: CTC speech recognition feeds input_values and reads logits; "
+                f"the model takes {self.model.inputs} and gives {self.model.outputs}"
+            )
+        vocab = read_json(repo, "vocab.json")
+        if not vocab:
+            raise ModelLoadError(
+                f"{repo.source}: CTC speech recognition reads Wav2Vec2CTCTokenizer's vocab.json; "
+                f"found {repo.found}"
+            )
+        if all(isinstance(v, dict) for v in vocab.values()):  # multilingual: {lang: vocab}
+            target = repo.tokenizer_config.get("target_lang")
+            if target not in vocab:
+                raise ModelLoadError(
+                    f"{repo.source}: vocab.json holds languages {sorted(vocab)} and "
+                    f"tokenizer_config.json's target_lang is {target!r}"
+                )
+            vocab = vocab[target]
+        self.tokens = {int(i): t for t, i in vocab.items()}
+        config = repo.tokenizer_config
+        self.blank = _token_text(config.get("pad_token", "<pad>"))
+        self.delimiter = _token_text(config.get("word_delimiter_token", "|"))
+        self.space = config.get("replace_word_delimiter_char", " ")
+        self.lower = bool(config.get("do_lower_case", False))
+        self.align = int(np.prod(repo.config.get("conv_stride") or [1]))
+        self.defaults = {
+            "chunk_length_s": chunk_length_s,
+            "stride_length_s": stride_length_s,
+            "return_timestamps": return_timestamps,
+        }
+        self._strides({})
+        _timestamps(return_timestamps)
+        self._compiled = None
+
+    def is_item(self, value: Any) -> bool:
+        return is_waveform(value)
+
+    def describe_items(self) -> str:
+        return f"give {DESCRIPTION}, a list or a generator of them"
+
+    def run_items(self, items: list, *, batch_size: int | None = None, **options: Any) -> list:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise InputError(
+                f"{self.task} (CTC) has no option {unknown}; it takes "
+                f"{sorted([*self.defaults, 'batch_size'])}"
+            )
+        if batch_size is not None:
+            positive_int(batch_size, "batch_size")
+        given = {**self.defaults, **options}
+        timestamps = _timestamps(given["return_timestamps"])
+        chunking = self._strides(options)
+        rate = int(self.features.get("sampling_rate", 16000))
+        results = []
+        for item in items:
+            wave = waveform(item, rate)
+            if chunking is None:
+                frames = self._frames(wave)
+            else:
+                chunk, left, right = chunking
+                frames = np.concatenate(
+                    [
+                        self._frames(piece)[keep_left : frames_n - keep_right]
+                        for piece, (frames_n, keep_left, keep_right) in _ctc_chunks(
+                            wave, chunk, left, right, self.align
+                        )
+                    ]
+                )
+            results.append(self._decoded(frames, timestamps, rate))
+        return results
+
+    def _frames(self, wave: np.ndarray) -> np.ndarray:
+        """Each logit frame's best token id, for one clip."""
+        values = wave.astype(np.float32)
+        if self.features.get("do_normalize", True):
+            values = (values - values.mean()) / np.sqrt(values.var() + 1e-7)
+        inputs = {"input_values": values[None]}
+        if self._compiled is None:
+            self._compiled = transmuter.compile(self.model, inputs, cache_size=self.cache_size)
+        logits = np.asarray(self._compiled(inputs)["logits"], np.float32)
+        return logits[0].argmax(-1)
+
+    def _decoded(self, ids: np.ndarray, timestamps: str | None, rate: int) -> dict:
+        """Wav2Vec2CTCTokenizer.decode's text (and offsets) of frame tokens `ids`."""
+        tokens = [self.tokens.get(int(i), "") for i in ids]
+        groups: list[tuple[str, int, int]] = []  # (token, first frame, end frame)
+        for index, token in enumerate(tokens):
+            if groups and groups[-1][0] == token:
+                groups[-1] = (token, groups[-1][1], index + 1)
+            else:
+                groups.append((token, index, index + 1))
+        chars = [
+            (self.space if t == self.delimiter else t, start, end)
+            for t, start, end in groups
+            if t != self.blank
+        ]
+        text = "".join(c for c, _, _ in chars).strip()
+        result: dict[str, Any] = {"text": text.lower() if self.lower else text}
+        if timestamps is None:
+            return result
+        pieces = chars if timestamps == "char" else _words(chars, self.space)
+        scale = self.align / rate
+        result["chunks"] = [
+            {"text": piece, "timestamp": (start * scale, end * scale)}
+            for piece, start, end in pieces
+        ]
+        return result
+
+    def _strides(self, options: Mapping[str, Any]) -> tuple[int, int, int] | None:
+        """(chunk, left, right) in samples, rounded to whole frames as transformers' pipeline
+        rounds them for CTC models, or None without chunk_length_s."""
+        given = {**self.defaults, **options}
+        length, stride = given["chunk_length_s"], given["stride_length_s"]
+        if length is None:
+            return None
+        length = threshold(length, "chunk_length_s")
+        if length <= 0:
+            raise InputError(f"chunk_length_s must be above 0; got {length}")
+        if stride is None:
+            stride = length / 6
+        strides = [stride, stride] if not isinstance(stride, (list, tuple)) else list(stride)
+        if len(strides) != 2:
+            raise InputError(f"stride_length_s is a number or [left, right]; got {stride!r}")
+        strides = [threshold(s, "stride_length_s") for s in strides]
+        if min(strides) < 0:
+            raise InputError(f"stride_length_s must be 0 or more; got {stride!r}")
+        rate = int(self.features.get("sampling_rate", 16000))
+        chunk, left, right = (
+            int(round(s * rate / self.align) * self.align) for s in (length, *strides)
+        )
+        if chunk <= left + right:
+            raise InputError(
+                f"chunk_length_s={length} must be longer than its strides ({strides}, left and "
+                "right)"
+            )
+        return chunk, left, right
+
+
+def _token_text(token: Any) -> Any:
+    """A special token of tokenizer_config.json: a string or an AddedToken's dict."""
+    return token.get("content") if isinstance(token, Mapping) else token
+
+
+def _timestamps(value: Any) -> str | None:
+    if value is None or value is False:
+        return None
+    if value not in ("char", "word"):
+        raise InputError(
+            "a CTC model's return_timestamps is 'char' or 'word' (as transformers has it); got "
+            f"{value!r}"
+        )
+    return value
+
+
+def _ctc_chunks(
+    wave: np.ndarray, chunk: int, left: int, right: int, align: int
+) -> Iterator[tuple[np.ndarray, tuple[int, int, int]]]:
+    """transformers' chunk_iter for CTC: each chunk and its stride in frames (frames, left,
+    right: rescale_stride's rounding), the first without a left stride, the last without a
+    right one."""
+    step = chunk - left - right
+    for start in range(0, wave.shape[0], step):
+        end = start + chunk
+        piece = wave[start:end]
+        is_last = end >= wave.shape[0]
+        stride_left = 0 if start == 0 else left
+        stride_right = 0 if is_last else right
+        if piece.shape[0] > stride_left:
+            frames = int(round(piece.shape[0] / align))
+            yield (
+                piece,
+                (
+                    frames,
+                    int(round(stride_left / piece.shape[0] * frames)),
+                    int(round(stride_right / piece.shape[0] * frames)),
+                ),
+            )
+        if is_last:
+            break
+
+
+def _words(chars: list[tuple[str, int, int]], space: str) -> list[tuple[str, int, int]]:
+    """Wav2Vec2CTCTokenizer._get_word_offsets: runs of characters between spaces, each from
+    its first character's start to its last one's end."""
+    words: list[tuple[str, int, int]] = []
+    word, start, end, last = "", 0, 0, "SPACE"
+    for char, char_start, char_end in chars:
+        state = "SPACE" if char == space else "WORD"
+        if state == last:
+            end = char_end
+            word += char
+        elif state == "SPACE":
+            words.append((word, start, end))
+        else:
+            word, start, end = char, char_start, char_end
+        last = state
+    if last == "WORD":
+        words.append((word, start, end))
+    return words
