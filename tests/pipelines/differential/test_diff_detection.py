@@ -18,14 +18,35 @@ ZERO_SHOT = ["det-owlvit", "det-owlv2", "det-grounding-dino"]
 
 REFUSED: dict[str, str] = {}
 
+# Over 5 s each on a loaded 2-core machine: Grounding DINO compiles a program per resized size,
+# row bucket and text bucket (13-55 s a call); DETR's and YOLOS's 7-image lists a program per
+# size (6-19 s).
+SLOW = {"det-detr/list-mixed", "det-yolos/list-mixed"}
 
-@pytest.mark.parametrize("repo, call", cases(*DETECTORS, *ZERO_SHOT, refused=REFUSED))
+
+def marked(params: list) -> list:
+    return [
+        pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
+        if p.id in SLOW or p.id.startswith("det-grounding-dino/")
+        else p
+        for p in params
+    ]
+
+
+@pytest.mark.parametrize("repo, call", marked(cases(*DETECTORS, *ZERO_SHOT, refused=REFUSED)))
 def test_call(repo, call):
     check(repo, call)
 
 
 # det-grounding-dino is already in transformers.js's layout (onnx/model.onnx): every call above
 # loads it from there.
-@pytest.mark.parametrize("repo", [*DETECTORS, "det-owlvit", "det-owlv2"])
+@pytest.mark.parametrize(
+    "repo",
+    [
+        *(pytest.param(r, marks=pytest.mark.slow) if r == "det-rtdetr" else r for r in DETECTORS),
+        "det-owlvit",
+        "det-owlv2",
+    ],
+)
 def test_transformers_js_layout(repo, tmp_path):
     check_transformers_js(repo, tmp_path)
