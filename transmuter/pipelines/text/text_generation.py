@@ -196,8 +196,12 @@ class TextGeneration(Task):
         return rows
 
     def _check_positions(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-        """Positions past the model's table would be clamped inside the program, silently."""
+        """Positions past the model's learned table would be clamped inside the program,
+        silently (a rotary model has no table: transformers answers past
+        max_position_embeddings, and so does this)."""
         config = self.repo.config
+        if any(k in config for k in ("rope_theta", "rope_scaling", "rope_parameters")):
+            return  # rotary positions are computed, not looked up: no table to run past
         limit = config.get("max_position_embeddings", config.get("n_positions"))
         longest = max((len(p) for p in prompts), default=0)
         if isinstance(limit, int) and longest + max_new_tokens > limit:
