@@ -135,6 +135,13 @@ def test_zero_shot_bad_inputs(zero_shot):
         zero_shot("Hello world!", [1, 2])
     with pytest.raises(InputError, match="hypothesis_template must be a string with a"):
         zero_shot("Hello world!", ["a"], hypothesis_template="No slot.")
+    # An explicit None is not "unset", and an empty sequence is no premise (transformers
+    # refuses both: AttributeError, ValueError), in a list as alone.
+    with pytest.raises(InputError, match="hypothesis_template must be a string with a"):
+        zero_shot("Hello world!", ["a"], hypothesis_template=None)
+    for empty in ("", ["Hello", ""]):
+        with pytest.raises(InputError, match="non-empty strings"):
+            zero_shot(empty, ["a"])
     with pytest.raises(ModelLoadError, match='labels a class "entailment"'):
         transmuter.pipeline("zero-shot-classification", REPOS / "bert-sst")
 

@@ -69,12 +69,6 @@ REFUSED: dict[str, str] = {
     "text-bert-ner/stride": (
         "TokenClassification has no aggregation_strategy (simple/first/average/max grouping of B-/I- tags and subwords) and no per-call options; nor stride windows over texts past model_max_length"
     ),
-    "text-bert-nli/empty-sequence": (
-        "an empty sequence is answered; transformers refuses it (ValueError: at least one sequence)"
-    ),
-    "text-bert-nli/none-template": (
-        "hypothesis_template=None falls back to the default template; transformers refuses it (AttributeError)"
-    ),
     "text-bert-qa/align-false": (
         "QuestionAnswering has no align_to_words option (spans always widened to whole words)"
     ),

@@ -22,6 +22,8 @@ from transmuter.pipelines.base import hypothesis_template as hypothesis_template
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.encoders import Encoder
 
+_NOT_GIVEN = object()
+
 
 class ZeroShotClassification(Task):
     """Sequence(s) and `candidate_labels` (a list, or a comma-separated string) ->
@@ -81,22 +83,24 @@ class ZeroShotClassification(Task):
         items: list,
         *,
         candidate_labels: str | Sequence[str] | None = None,
-        hypothesis_template: str | None = None,
+        hypothesis_template: Any = _NOT_GIVEN,
         multi_label: bool | None = None,
     ) -> list:
-        given = {
-            "candidate_labels": candidate_labels,
-            "hypothesis_template": hypothesis_template,
-            "multi_label": multi_label,
-        }
+        given = {"candidate_labels": candidate_labels, "multi_label": multi_label}
         given = {k: self.defaults[k] if v is None else v for k, v in given.items()}
+        # An explicit hypothesis_template=None is refused, as transformers refuses it.
+        given["hypothesis_template"] = (
+            self.defaults["hypothesis_template"]
+            if hypothesis_template is _NOT_GIVEN
+            else hypothesis_template
+        )
         if given["candidate_labels"] is None:
             raise InputError("zero-shot-classification needs candidate_labels")
         labels = candidate_labels_option(given["candidate_labels"])
         template = hypothesis_template_option(given["hypothesis_template"])
         hypotheses = [template.format(label) for label in labels]
-        if not all(isinstance(t, str) for t in items):
-            raise InputError(f"the sequences must be strings; got {items!r}")
+        if not all(isinstance(t, str) and t for t in items):
+            raise InputError(f"the sequences must be non-empty strings; got {items!r}")
         pairs = [(text, hypothesis) for text in items for hypothesis in hypotheses]
         try:
             encodings = self.tokenizer.encode_batch(pairs)
