@@ -255,9 +255,11 @@ def test_zero_shot_detection_refusals(owlvit):
     image = images()[0]
     with pytest.raises(InputError, match="candidate_labels has 2 entries, one per item"):
         owlvit([image] * 3, candidate_labels=[["cat"], ["dog"]])
-    for labels in ([], [[]], "", [3]):
+    for labels in ([], [[]], [3]):
         with pytest.raises(InputError, match="candidate_labels"):
             owlvit(image, candidate_labels=labels)
+    # "" is one empty label to transformers ("".split(",")), its prompt the special tokens.
+    assert {d["label"] for d in owlvit(image, candidate_labels="", threshold=0.0)} == {""}
     for bad in ("x", float("nan"), [0.1]):
         with pytest.raises(InputError, match="threshold must be a number"):
             owlvit(image, ["cat"], threshold=bad)
@@ -327,3 +329,24 @@ def test_vision_tasks_import_no_scipy():
             else:
                 continue
             assert not any(n.split(".")[0] == "scipy" for n in names), path.name
+
+
+def test_object_detection_takes_images_keyword(yolos):
+    # transformers' ObjectDetectionPipeline takes the images as images= (was Python's
+    # TypeError here: a missing positional argument).
+    image = images()[0]
+    assert yolos(images=[image], threshold=0.0) == [yolos(image, threshold=0.0)]
+    assert yolos(images=image, threshold=0.0) == yolos(image, threshold=0.0)
+    with pytest.raises(InputError, match="given twice"):
+        yolos(image, images=image)
+    with pytest.raises(InputError, match="give an image"):
+        yolos(threshold=0.0)
+
+
+def test_comma_separated_labels_keep_their_spaces(owlvit):
+    # transformers' zero-shot-object-detection splits a label string at commas and strips
+    # nothing: "a cat, couch" is "a cat" and " couch" (zero-shot classification strips).
+    image = images()[0]
+    found = owlvit(image, candidate_labels="a cat, couch", threshold=0.0)
+    assert {d["label"] for d in found} == {"a cat", " couch"}
+    assert found == owlvit(image, candidate_labels=["a cat", " couch"], threshold=0.0)
