@@ -31,7 +31,7 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.base import Task, per_item
+from transmuter.pipelines.base import Task, per_item, positive_int
 from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
 from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import (
@@ -190,7 +190,7 @@ class Florence2(Text2TextGeneration, ImageTask):
 
     def __call__(self, inputs: Any = None, *args: Any, **options: Any) -> Any:
         inputs, options = call_arguments(self, inputs, args, options, "text", {"images": "inputs"})
-        return Task.__call__(self, inputs, **options)
+        return Task.__call__(self, inputs, **call_options(options))
 
     def run_items(self, items: list, *, text: Any = None, key: Any = None, **options) -> list:
         shared = None if text is None else per_item(text, items, "text", _is_text)
@@ -289,13 +289,31 @@ class Florence2Captioner(Florence2):
         return is_image(value)
 
     def __call__(self, inputs: Any, **options: Any) -> Any:
-        return Task.__call__(self, inputs, **options)
+        return Task.__call__(self, inputs, **call_options(options))
 
     def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
         _, pixels = self._pixels(items)
         prompts = [self.prompt_ids("<CAPTION>")] * len(pixels)
         rows = self.generate(pixels, prompts, key=key, **options)
         return [[{"generated_text": self._text(row)}] for row in rows]
+
+
+def call_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A generation call's options as transformers' image-to-text pipeline takes them:
+    `generate_kwargs` (a dict of generation options) merged in, a key given both ways an
+    InputError as transformers raises for max_new_tokens; `batch_size` checked and dropped."""
+    options = dict(options)
+    if "batch_size" in options:
+        positive_int(options.pop("batch_size"), "batch_size")
+    extra = options.pop("generate_kwargs", None)
+    if extra is None:
+        return options
+    if not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra):
+        raise InputError(f"generate_kwargs must be a dict of generation options; got {extra!r}")
+    both = sorted(set(options) & set(extra))
+    if both:
+        raise InputError(f"{both} given both as options and in generate_kwargs: give them once")
+    return {**options, **extra}
 
 
 def task_token(text: str) -> str | None:

@@ -11,6 +11,9 @@ of two up to `batch_size`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from transmuter.errors import InputError
@@ -25,10 +28,18 @@ HIDDEN = "last_hidden_state"
 class ImageFeatureExtraction(ImageTask):
     """Features of images (paths, Pillow images or numpy arrays; one, a list or a generator):
     per image the model's first output as nested lists [1, ...] (`pool=True`: its pooled
-    output; `return_tensors=True`: float32 arrays instead of lists). Both also per call."""
+    output; `return_tensors=True`: float32 arrays instead of lists). `image_processor_kwargs`
+    (a dict) overrides preprocessor_config.json's settings (do_normalize, size, ...), as
+    transformers hands it to the image processor. All also per call."""
 
     def __init__(
-        self, repo: Repo, *, pool: bool = False, return_tensors: bool = False, batch_size: int = 8
+        self,
+        repo: Repo,
+        *,
+        pool: bool = False,
+        return_tensors: bool = False,
+        image_processor_kwargs: dict | None = None,
+        batch_size: int = 8,
     ):
         role = (
             "model" if "model" in repo.onnx or "vision_model" not in repo.onnx else "vision_model"
@@ -36,7 +47,7 @@ class ImageFeatureExtraction(ImageTask):
         self.model = PixelModel(repo, role, "image-feature-extraction", batch_size)
         self.batch_size = self.model.batch_size
         self.family = repo.config.get("model_type")
-        self.images = repo.preprocessor_config
+        self.images = processor_settings(repo.preprocessor_config, image_processor_kwargs)
         self.pool, self.return_tensors = bool(pool), bool(return_tensors)
         if self.pool:
             self._check_pool()
@@ -53,14 +64,20 @@ class ImageFeatureExtraction(ImageTask):
         )
 
     def run_items(
-        self, items: list, *, pool: bool | None = None, return_tensors: bool | None = None
+        self,
+        items: list,
+        *,
+        pool: bool | None = None,
+        return_tensors: bool | None = None,
+        image_processor_kwargs: dict | None = None,
     ) -> list:
+        images = processor_settings(self.images, image_processor_kwargs)
         pool = self.pool if pool is None else bool(pool)
         return_tensors = self.return_tensors if return_tensors is None else bool(return_tensors)
         if pool:
             self._check_pool()
         outputs = self.model.model.outputs
-        rows = self.model.run([preprocess(image, self.images) for image in items])
+        rows = self.model.run([preprocess(image, images) for image in items])
         if not pool:
             features = [row[outputs[0]][None] for row in rows]
         elif POOLED in outputs:
@@ -69,3 +86,15 @@ class ImageFeatureExtraction(ImageTask):
             features = [pooled(row[HIDDEN][None], self.family) for row in rows]
         features = [np.asarray(f, np.float32) for f in features]
         return features if return_tensors else [f.tolist() for f in features]
+
+
+def processor_settings(config: dict, overrides: Any) -> dict:
+    """preprocessor_config.json's settings with `image_processor_kwargs` over them."""
+    if overrides is None:
+        return config
+    if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
+        raise InputError(
+            "image_processor_kwargs must be a dict of image processor settings (do_normalize, "
+            f"size, ...); got {overrides!r}"
+        )
+    return {**config, **overrides}

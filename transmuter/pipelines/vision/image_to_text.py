@@ -19,7 +19,7 @@ from transmuter.pipelines.text.text2text_generation import (
     Text2TextGeneration,
     start_tokens,
 )
-from transmuter.pipelines.vision.florence2 import Florence2Captioner
+from transmuter.pipelines.vision.florence2 import Florence2Captioner, call_options
 from transmuter.pipelines.vision.image_tasks import ImageTask
 from transmuter.pipelines.vision.processors import preprocess
 
@@ -36,7 +36,8 @@ def image_to_text(repo: Repo, **options: Any) -> Any:
 class ImageToText(Text2TextGeneration, ImageTask):
     """Caption images (paths, Pillow images or numpy arrays; one, a list or a generator): a
     list of one {"generated_text"} per image. Greedy by default; the options are
-    text2text-generation's."""
+    text2text-generation's, per call also inside `generate_kwargs` (a dict), and `batch_size`
+    as transformers' pipelines take it (checked; each image's caption does not depend on it)."""
 
     task = "image-to-text"
 
@@ -65,7 +66,7 @@ class ImageToText(Text2TextGeneration, ImageTask):
         return ImageTask.describe_items(self)
 
     def __call__(self, inputs: Any, **options: Any) -> Any:
-        return Task.__call__(self, inputs, **options)
+        return Task.__call__(self, inputs, **call_options(options))
 
     def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
         pixels = np.stack([preprocess(image, self.images) for image in items])
