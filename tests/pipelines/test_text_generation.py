@@ -193,3 +193,11 @@ def test_call_forms_as_transformers(llama):
     assert not isinstance(streamed, list) and list(streamed) == listed
     with pytest.raises(InputError, match="chat messages are not supported"):
         llama([{"role": "user", "content": "Hi"}])
+
+
+def test_stop_sequence_is_transformers_name_for_stop(llama):
+    """transformers' stop_sequence (a string or a list) is the stop option; both is refused."""
+    stop = llama("Hello", max_new_tokens=6, stop=["a"])
+    assert llama("Hello", max_new_tokens=6, stop_sequence=["a"]) == stop
+    with pytest.raises(InputError, match="stop_sequence"):
+        llama("Hello", stop="a", stop_sequence="a")

@@ -118,6 +118,10 @@ class TextGeneration(Task):
             raise InputError(
                 f"{self.describe_items()} (chat messages are not supported); got {items!r}"
             )
+        if "stop_sequence" in options:  # transformers' name for stop strings
+            if "stop" in options:
+                raise InputError("give stop or stop_sequence, not both")
+            options["stop"] = options.pop("stop_sequence")
         prompts = [self.tokenizer.encode(p).ids for p in items]
         rows = self.generate(prompts, key=key, **options)
         full = {**self.defaults, **options}["return_full_text"]
