@@ -52,3 +52,17 @@ def test_bad_inputs(caption):
         caption(np.zeros((8, 8), np.uint8))
     with pytest.raises(InputError, match="positions"):
         caption(images()[0], max_new_tokens=100)
+
+
+def test_generate_kwargs_and_batch_size(caption):
+    """transformers' image-to-text takes generate_kwargs (a dict of generation options) and
+    batch_size per call; a length given both ways is refused, as transformers refuses it."""
+    image = images()[0]
+    want = caption(image, max_new_tokens=3)
+    assert caption(image, generate_kwargs={"max_new_tokens": 3}, batch_size=2) == want
+    with pytest.raises(InputError, match="given both"):
+        caption(image, max_new_tokens=3, generate_kwargs={"max_new_tokens": 4})
+    with pytest.raises(InputError, match="generate_kwargs"):
+        caption(image, generate_kwargs=["max_new_tokens"])
+    with pytest.raises(InputError, match="batch_size"):
+        caption(image, batch_size=0)

@@ -121,6 +121,28 @@ def test_features_bad_inputs(features):
         transmuter.pipeline("image-feature-extraction", REPOS / "clip")
 
 
+def test_features_image_processor_kwargs(features):
+    """transformers hands image_processor_kwargs to the image processor: its settings win over
+    preprocessor_config.json's, per call and for the pipeline."""
+    from transmuter.pipelines.vision.processors import preprocess
+
+    image = images("vit-features")[0]
+    plain = np.asarray(features(image, return_tensors=True))
+    raw = features(image, return_tensors=True, image_processor_kwargs={"do_normalize": False})
+    assert not np.allclose(plain, raw)
+    unnormalized = {**features.images, "do_normalize": False}
+    assert preprocess(image, unnormalized).max() <= 1.0  # rescaled only
+    configured = transmuter.pipeline(
+        "image-feature-extraction",
+        REPOS / "vit-features",
+        image_processor_kwargs={"do_normalize": False},
+    )
+    np.testing.assert_allclose(configured(image, return_tensors=True), raw, atol=1e-6)
+    for bad in ("do_normalize", {1: 2}):
+        with pytest.raises(InputError, match="image_processor_kwargs"):
+            features(image, image_processor_kwargs=bad)
+
+
 def test_features_from_a_vision_tower(tmp_path):
     # transformers.js's split exports: the vision tower where there is no model.onnx.
     (tmp_path / "onnx").mkdir()
