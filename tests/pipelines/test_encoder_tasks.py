@@ -143,3 +143,20 @@ def test_bad_inputs_are_clear_errors():
         embed({"text": "a", "text_pair": "b"})  # pairs are text-classification's
     with pytest.raises(InputError, match="pooling must be"):
         transmuter.pipeline("feature-extraction", REPOS / "bert", pooling="max")
+
+
+@pytest.mark.parametrize(
+    "task, repo, text",
+    [
+        ("text-classification", "bert-sst", "i like books"),
+        ("token-classification", "bert-ner", "john lives in paris"),
+        ("fill-mask", "bert-mlm", "i like [MASK]"),
+    ],
+)
+def test_batch_size_per_call_is_checked_and_changes_no_answer(task, repo, text):
+    # transformers' Pipeline takes batch_size per call; it was a TypeError from run_items.
+    pipe = transmuter.pipeline(task, REPOS / repo)
+    texts = [text, text + " today", text]
+    assert str(pipe(texts, batch_size=2)) == str(pipe(texts))
+    with pytest.raises(InputError, match="batch_size must be an integer"):
+        pipe(texts, batch_size=0)

@@ -20,9 +20,6 @@ REPOS = (
 )
 
 REFUSED: dict[str, str] = {
-    "text-bert-mlm/batch-size": (
-        "the call's batch_size is not a per-call option of this task (run_items has no batch_size)"
-    ),
     "text-bert-ner/aggregation-average": (
         "TokenClassification has no aggregation_strategy (simple/first/average/max grouping of B-/I- tags and subwords) and no per-call options"
     ),
@@ -59,9 +56,6 @@ REFUSED: dict[str, str] = {
     "text-bert-ner/aggregation-simple-all": (
         "TokenClassification has no aggregation_strategy (simple/first/average/max grouping of B-/I- tags and subwords) and no per-call options"
     ),
-    "text-bert-ner/batch-size": (
-        "the call's batch_size is not a per-call option of this task (run_items has no batch_size)"
-    ),
     "text-bert-ner/ignore-labels-empty": (
         "ignore_labels is a construction option only, not per call"
     ),
@@ -71,12 +65,6 @@ REFUSED: dict[str, str] = {
     ),
     "text-bert-qa/align-false": (
         "QuestionAnswering has no align_to_words option (spans always widened to whole words)"
-    ),
-    "text-bert-qa/batch-size": (
-        "the call's batch_size is not a per-call option of this task (run_items has no batch_size)"
-    ),
-    "text-bert-sst/batch-size": (
-        "the call's batch_size is not a per-call option of this task (run_items has no batch_size)"
     ),
     "text-bert-sst/long-truncation": (
         "TextClassification takes no tokenizer keywords (truncation=) per call"
@@ -107,9 +95,6 @@ REFUSED: dict[str, str] = {
     ),
     "text-roberta-features/truncation-twice": (
         "FeatureExtraction takes no tokenize_kwargs / truncation / return_tensors per call (no per-call tokenizer settings) (so the doubled truncation is a TypeError, not an InputError)"
-    ),
-    "text-roberta-mlm/batch-size": (
-        "the call's batch_size is not a per-call option of this task (run_items has no batch_size)"
     ),
     "text-roberta-mlm/truncation": (
         "FillMask takes no tokenizer_kwargs (truncation is always on at the model's positions, but the keyword is refused as unknown)"

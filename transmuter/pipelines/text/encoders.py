@@ -262,8 +262,15 @@ class TextClassification(Task):
         return [result] if isinstance(item, str) and "top_k" not in options else result
 
     def run_items(
-        self, items: list, *, top_k: Any = UNSET, function_to_apply: str | None = None
+        self,
+        items: list,
+        *,
+        top_k: Any = UNSET,
+        function_to_apply: str | None = None,
+        batch_size: int | None = None,
     ) -> list:
+        if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
+            positive_int(batch_size, "batch_size")
         if top_k is UNSET:
             top_k = self.defaults["top_k"]
         else:
@@ -297,7 +304,9 @@ class TokenClassification(Task):
     def is_item(self, value: Any) -> bool:
         return isinstance(value, str)
 
-    def run_items(self, items: list) -> list:
+    def run_items(self, items: list, *, batch_size: int | None = None) -> list:
+        if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
+            positive_int(batch_size, "batch_size")
         encodings = self.encoder.encode(items)
         results = []
         for encoding, logits in zip(encodings, self.encoder.run(encodings, "logits")):

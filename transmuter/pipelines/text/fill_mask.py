@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from transmuter.errors import InputError, ModelLoadError
-from transmuter.pipelines.base import Task, softmax
+from transmuter.pipelines.base import Task, positive_int, softmax
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.encoders import Encoder
@@ -65,7 +65,10 @@ class FillMask(Task):
         *,
         top_k: int | None = None,
         targets: str | Sequence[str] | None = None,
+        batch_size: int | None = None,
     ) -> list:
+        if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
+            positive_int(batch_size, "batch_size")
         top_k = self.top_k if top_k is None else top_k_option(top_k)
         target_ids = self.target_ids if targets is None else self._target_ids(targets)
         encodings = self.encoder.encode(items)

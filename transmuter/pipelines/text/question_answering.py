@@ -58,6 +58,8 @@ class QuestionAnswering(Task):
             "doc_stride": None,
             "max_question_len": 64,
             "handle_impossible_answer": False,
+            # transformers' per-call batching: checked, answers do not depend on it.
+            "batch_size": self.batch_size,
         }
         self.defaults = self._options(options)
 
@@ -69,7 +71,7 @@ class QuestionAnswering(Task):
                 f"question-answering has no option {unknown}; it takes {sorted(self.defaults)}"
             )
         given = {**self.defaults, **options}
-        for name in ("top_k", "max_answer_len", "max_seq_len", "max_question_len"):
+        for name in ("top_k", "max_answer_len", "max_seq_len", "max_question_len", "batch_size"):
             positive_int(given[name], name)
         limit = self.encoder.limit
         if limit and given["max_seq_len"] > limit:
