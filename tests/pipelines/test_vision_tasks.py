@@ -381,5 +381,8 @@ def test_generators_answer_as_lists(segment, depth, features):
     np.testing.assert_allclose(one["predicted_depth"], depth(picture)["predicted_depth"], atol=1e-6)
     with pytest.raises(InputError, match="threshold must be a number"):
         segment(batch[0], threshold="x")
-    with pytest.raises(InputError, match=r"has no option \['unknown'\]; it takes \['pool'"):
+    with pytest.raises(
+        InputError,
+        match=r"has no option \['unknown'\]; it takes \['image_processor_kwargs', 'pool'",
+    ):
         features(batch[0], pool=True, unknown=1)

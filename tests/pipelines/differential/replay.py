@@ -79,7 +79,10 @@ def _decode(value: Any, arrays: dict[str, np.ndarray], *, live: bool) -> Any:
     return {k: _decode(v, arrays, live=live) for k, v in value.items()}
 
 
-@functools.cache
+# The last few pipelines only: the tests of a repo run together, and every pipeline kept holds
+# its compiled programs (generation's a program per step), each a few memory maps: kept for
+# the whole session they passed the kernel's 65,530 maps a process and XLA crashed compiling.
+@functools.lru_cache(maxsize=4)
 def _pipeline(root: str, task: str, options: str):
     return transmuter.pipeline(task, root, **json.loads(options))
 
