@@ -19,6 +19,7 @@ from fixtures.waveforms import waveforms
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio.features import log_mel
+from transmuter.pipelines.shapes import ProgramBudget
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,24 @@ def test_padded_decoding_of_forty_tokens_compiles_four_programs(t5_padded):
     assert t5_padded.programs - before == 4
     assert t5_padded.generate(want["input_ids"], max_new_tokens=40, **want["options"]) == got
     assert t5_padded.programs - before == 4
+
+
+def test_programs_past_the_budget_are_dropped_and_compile_again():
+    # "past" decoding compiles a program per step, batch and encoder length, which no bucket
+    # bounds: a long-lived pipeline drops them all once its budget is spent (each program
+    # holds memory maps, and a process past the kernel's limit crashes in XLA's compiler).
+    t5 = transmuter.pipeline("text2text-generation", REPOS / "t5")
+    t5.decoder.budget = ProgramBudget(limit=3)
+    want = expected("t5")["batch"]
+    got = t5.generate(want["input_ids"], max_new_tokens=4, **want["options"])
+    assert got == [row[:4] for row in want["new_tokens"]]
+    first_time = t5.programs  # the first step and three more: past the budget of 3
+    assert first_time >= 4 and t5.decoder.budget.drops == 0
+    assert t5.generate(want["input_ids"], max_new_tokens=4, **want["options"]) == got
+    assert t5.decoder.budget.drops == 1
+    assert t5.programs == 2 * first_time  # each one compiled again, the same tokens
+    assert t5.generate(want["input_ids"], max_new_tokens=4, **want["options"]) == got
+    assert t5.decoder.budget.drops == 2 and t5.programs == 3 * first_time
 
 
 # Batches of three right-padded texts: T5 "past" is test_t5_first_tokens_and_no_recompiles's,

@@ -35,7 +35,7 @@ from transmuter.pipelines.generation.choice import (
     row_keys,
     seen_tokens,
 )
-from transmuter.pipelines.shapes import pow2
+from transmuter.pipelines.shapes import ProgramBudget, pow2
 
 __all__ = ["Decoder", "Settings", "Tracker", "choose", "left_padded", "past_layout"]
 
@@ -72,6 +72,7 @@ class Decoder:
         self.masked = "attention_mask" in model.inputs
         self.past_shapes = {p: past_shape(model, p) for p in self.pasts}
         self.programs = 0
+        self.budget = ProgramBudget()  # exact decoding compiles a program per token
         # The merged decoder's branch flag as arrays made outside any trace: inside one, a
         # closed-over concrete array stays concrete, so its If picks a branch on the host (a
         # numpy value would be staged as a traced input, and the branches differ in shape).
@@ -191,6 +192,7 @@ class Decoder:
             raise InputError(f"max_new_tokens must be at least 1; got {max_new_tokens}")
         key = jax.random.key(0) if key is None else key
         settings = Settings() if settings is None else settings
+        self.budget.spend(self.programs)
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
             if not self.positions:
                 return [

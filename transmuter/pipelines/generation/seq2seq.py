@@ -61,7 +61,7 @@ from transmuter.pipelines.generation.choice import (
 )
 from transmuter.pipelines.generation.decoder import past_layout, past_shape, vocab_size
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.shapes import pow2
+from transmuter.pipelines.shapes import ProgramBudget, pow2
 
 ENCODER_BUCKET = 8  # text inputs pad to a multiple of this many tokens
 MIN_DECODER_BUCKET = 16  # padded decoding: the sequence pads to a power of two, at least this
@@ -79,6 +79,7 @@ class _EncoderDecoder:
         limit = config.get("max_target_positions", config.get("max_position_embeddings"))
         self.positions = limit if isinstance(limit, int) else None  # the position table's size
         self.programs = 0
+        self.budget = ProgramBudget()  # "past" compiles a program per step and encoder length
         self._branch = {flag: jnp.array([flag]) for flag in (False, True)}  # see generation.py
 
     def generate(
@@ -102,6 +103,7 @@ class _EncoderDecoder:
         settings = Settings() if settings is None else settings
         key = jax.random.key(0) if key is None else key
         batch = next(iter(encoder_inputs.values())).shape[0]
+        self.budget.spend(self.programs)
         return self._decode(
             encoder_inputs,
             prompt,
