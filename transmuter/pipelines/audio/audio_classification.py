@@ -14,14 +14,12 @@ pipeline returns them, with the features of the repo's feature extractor:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 import transmuter
 from transmuter.errors import ModelLoadError
 from transmuter.pipelines.audio.features import kaldi_fbank
-from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
+from transmuter.pipelines.audio.waveforms import WaveformItems, waveform
 from transmuter.pipelines.base import SCORES, Task, choice, id2label, positive_int, ranked
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
@@ -29,7 +27,7 @@ from transmuter.pipelines.repo import Repo
 EXTRACTORS = ("ASTFeatureExtractor", "Wav2Vec2FeatureExtractor")
 
 
-class AudioClassification(Task):
+class AudioClassification(WaveformItems, Task):
     """Classify 1-D float waveforms at the feature extractor's sampling rate (numpy arrays, or
     {"array"/"raw", "sampling_rate"} dicts), one, a list or a generator: the `top_k` best of
     config.json's
@@ -65,12 +63,6 @@ class AudioClassification(Task):
         self.top_k = _checked_top_k(top_k)
         self.function_to_apply = _checked_function(function_to_apply)
         self._compiled = None
-
-    def is_item(self, value: Any) -> bool:
-        return is_waveform(value)
-
-    def describe_items(self) -> str:
-        return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(
         self,

@@ -21,13 +21,13 @@ import numpy as np
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio.features import log_mel
-from transmuter.pipelines.audio.waveforms import DESCRIPTION, is_waveform, waveform
+from transmuter.pipelines.audio.waveforms import WaveformItems, waveform
 from transmuter.pipelines.base import Task, positive_int, threshold
 from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import Text2TextGeneration
 
 
-class AutomaticSpeechRecognition(Text2TextGeneration):
+class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
     """Transcribe (or translate) 1-D float waveforms at the preprocessor's sampling rate
     (numpy arrays, or {"array"/"raw", "sampling_rate"} dicts), one, a list or a generator.
     Greedy by default; the options are text2text-generation's, and `language` ("en",
@@ -70,12 +70,6 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
         self._strides({})  # the chunking options, checked
 
     __call__ = Task.__call__  # a waveform's {"text"}, a list's list of them (not flattened)
-
-    def is_item(self, value: Any) -> bool:
-        return is_waveform(value)
-
-    def describe_items(self) -> str:
-        return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(
         self,
@@ -155,35 +149,13 @@ class AutomaticSpeechRecognition(Text2TextGeneration):
     def _strides(self, options: Mapping[str, Any]) -> tuple[int, int, int] | None:
         """(chunk, left stride, right stride) in samples, as transformers' pipeline rounds
         them, or None without chunk_length_s."""
-        given = {**self.defaults, **options}
-        length, stride = given["chunk_length_s"], given["stride_length_s"]
-        if length is None:
-            return None
-        length = threshold(length, "chunk_length_s")
-        if length <= 0:
-            raise InputError(f"chunk_length_s must be above 0; got {length}")
-        if stride is None:
-            stride = length / 6
-        strides = [stride, stride] if not isinstance(stride, (list, tuple)) else list(stride)
-        if len(strides) != 2:
-            raise InputError(f"stride_length_s is a number or [left, right]; got {stride!r}")
-        strides = [threshold(s, "stride_length_s") for s in strides]
-        if min(strides) < 0:
-            raise InputError(f"stride_length_s must be 0 or more; got {stride!r}")
-        rate = self._rate()
-        chunk = int(round(length * rate))
-        left, right = (int(round(s * rate)) for s in strides)
-        if chunk <= left + right:
+        strides = chunk_strides({**self.defaults, **options}, self._rate(), align=1)
+        if strides is not None and strides[0] > self._window():
             raise InputError(
-                f"chunk_length_s={length} must be longer than its strides ({strides}, left and "
-                "right)"
+                f"chunk_length_s={strides[0] / self._rate():g} is longer than the "
+                f"{self._window() / self._rate():g} s Whisper hears at once"
             )
-        if chunk > self._window():
-            raise InputError(
-                f"chunk_length_s={length} is longer than the {self._window() / rate:g} s Whisper "
-                "hears at once"
-            )
-        return chunk, left, right
+        return strides
 
     def _text_tokens(self, row: list[int]) -> list[int]:
         """A chunk's text tokens, as _decode_asr keeps them: no special tokens, no timestamps
@@ -273,6 +245,34 @@ def _with_generate_kwargs(
 _TIMESTAMP = re.compile(r"<\|\d+\.\d+\|>")
 
 
+def chunk_strides(
+    given: Mapping[str, Any], rate: int, *, align: int
+) -> tuple[int, int, int] | None:
+    """chunk_length_s and stride_length_s (a number, or [left, right]; a sixth of the chunk
+    where not given) checked and turned into samples: (chunk, left, right), each rounded to a
+    multiple of `align` samples (a model's frame), or None without chunk_length_s."""
+    length, stride = given["chunk_length_s"], given["stride_length_s"]
+    if length is None:
+        return None
+    length = threshold(length, "chunk_length_s")
+    if length <= 0:
+        raise InputError(f"chunk_length_s must be above 0; got {length}")
+    if stride is None:
+        stride = length / 6
+    strides = [stride, stride] if not isinstance(stride, (list, tuple)) else list(stride)
+    if len(strides) != 2:
+        raise InputError(f"stride_length_s is a number or [left, right]; got {stride!r}")
+    strides = [threshold(s, "stride_length_s") for s in strides]
+    if min(strides) < 0:
+        raise InputError(f"stride_length_s must be 0 or more; got {stride!r}")
+    chunk, left, right = (int(round(s * rate / align) * align) for s in (length, *strides))
+    if chunk <= left + right:
+        raise InputError(
+            f"chunk_length_s={length} must be longer than its strides ({strides}, left and right)"
+        )
+    return chunk, left, right
+
+
 def chunk_iter(wave: np.ndarray, chunk: int, left: int, right: int) -> Iterator[np.ndarray]:
     """The chunks of `wave` as transformers' chunk_iter cuts them: `chunk` samples every
     chunk - left - right, the last reaching the end; a chunk no longer than its left stride
@@ -325,7 +325,7 @@ def is_ctc(repo: Repo) -> bool:
     return "model" in repo.onnx and "encoder" not in repo.onnx
 
 
-class CTCSpeechRecognition(Task):
+class CTCSpeechRecognition(WaveformItems, Task):
     """automatic-speech-recognition with CTC models (Wav2Vec2ForCTC, HuBERT, WavLM: Optimum's
     model.onnx, input_values in, logits out; Wav2Vec2CTCTokenizer's vocab.json): each frame's
     best token, repeats merged, blanks (the pad token) dropped, the word delimiter a space, as
@@ -386,12 +386,6 @@ class CTCSpeechRecognition(Task):
         self._strides({})
         _timestamps(return_timestamps)
         self._compiled = None
-
-    def is_item(self, value: Any) -> bool:
-        return is_waveform(value)
-
-    def describe_items(self) -> str:
-        return f"give {DESCRIPTION}, a list or a generator of them"
 
     def run_items(self, items: list, *, batch_size: int | None = None, **options: Any) -> list:
         unknown = sorted(set(options) - set(self.defaults))
@@ -464,31 +458,8 @@ class CTCSpeechRecognition(Task):
     def _strides(self, options: Mapping[str, Any]) -> tuple[int, int, int] | None:
         """(chunk, left, right) in samples, rounded to whole frames as transformers' pipeline
         rounds them for CTC models, or None without chunk_length_s."""
-        given = {**self.defaults, **options}
-        length, stride = given["chunk_length_s"], given["stride_length_s"]
-        if length is None:
-            return None
-        length = threshold(length, "chunk_length_s")
-        if length <= 0:
-            raise InputError(f"chunk_length_s must be above 0; got {length}")
-        if stride is None:
-            stride = length / 6
-        strides = [stride, stride] if not isinstance(stride, (list, tuple)) else list(stride)
-        if len(strides) != 2:
-            raise InputError(f"stride_length_s is a number or [left, right]; got {stride!r}")
-        strides = [threshold(s, "stride_length_s") for s in strides]
-        if min(strides) < 0:
-            raise InputError(f"stride_length_s must be 0 or more; got {stride!r}")
         rate = int(self.features.get("sampling_rate", 16000))
-        chunk, left, right = (
-            int(round(s * rate / self.align) * self.align) for s in (length, *strides)
-        )
-        if chunk <= left + right:
-            raise InputError(
-                f"chunk_length_s={length} must be longer than its strides ({strides}, left and "
-                "right)"
-            )
-        return chunk, left, right
+        return chunk_strides({**self.defaults, **options}, rate, align=self.align)
 
 
 def _token_text(token: Any) -> Any:

@@ -15,6 +15,16 @@ from transmuter.errors import InputError
 DESCRIPTION = 'a waveform (a 1-D float array or a {"array", "sampling_rate"} dict)'
 
 
+class WaveformItems:
+    """The item of an audio task (put before its Task base): one clip, as `is_waveform` says."""
+
+    def is_item(self, value: Any) -> bool:
+        return is_waveform(value)
+
+    def describe_items(self) -> str:
+        return f"give {DESCRIPTION}, a list or a generator of them"
+
+
 def is_waveform(value: Any) -> bool:
     """Whether `value` is one clip (or a file, which `waveform` refuses), not a list of them."""
     return isinstance(value, (np.ndarray, Mapping, str, bytes))
