@@ -193,6 +193,11 @@ def test_task_settings_that_are_options_become_defaults_and_others_warn(tmp_path
         summarize = transmuter.pipeline("summarization", repo, max_new_tokens=5)
     assert summarize.defaults["min_new_tokens"] == 3  # the task's
     assert summarize.defaults["max_new_tokens"] == 5  # the caller's
+    # generation_config.json's beams are not followed either, and say so.
+    generation = json.loads((repo / "generation_config.json").read_text())
+    (repo / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 3}))
+    with pytest.warns(UserWarning, match=r"\['num_beams'\] are not applied"):
+        transmuter.pipeline("text2text-generation", repo)
 
 
 def test_question_answering_from_the_hub(hub):  # noqa: F811

@@ -287,7 +287,7 @@ def generation_defaults(repo: Repo, task: str) -> dict[str, Any]:
     their generation config: GenerationConfig's defaults, then generation_config.json's
     values, then config.json's task_specific_params[task] (less its "prefix"). Settings that
     are not options here (beam search's num_beams, length_penalty, ...) are not applied: a
-    warning names them."""
+    warning names them, and generation_config.json's num_beams past 1 too."""
     config = repo.generation_config
     defaults = dict(GENERATION_DEFAULTS)
     defaults.update({k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None})
@@ -296,7 +296,10 @@ def generation_defaults(repo: Repo, task: str) -> dict[str, Any]:
     params.pop("prefix", None)
     known = {k: v for k, v in params.items() if k in defaults}
     defaults.update(known)
-    ignored = sorted(k for k in set(params) - set(known) if not _inert(k, params[k]))
+    ignored = {k for k in set(params) - set(known) if not _inert(k, params[k])}
+    if not _inert("num_beams", config.get("num_beams", 1)):
+        ignored.add("num_beams")
+    ignored = sorted(ignored)
     if ignored:
         warnings.warn(
             f"{repo.source}: {task}'s settings {ignored} are not applied (Transmuter "
