@@ -56,7 +56,8 @@ TASKS: dict[str, TaskEntry] = {
         "text.text2text_generation:Translation", "text -> its translation (translation_xx_to_yy)"
     ),
     "automatic-speech-recognition": TaskEntry(
-        "audio.speech_recognition:AutomaticSpeechRecognition", "speech -> text (Whisper)"
+        "audio.speech_recognition:AutomaticSpeechRecognition",
+        "speech -> text (Whisper; wav2vec2-style CTC)",
     ),
     "audio-classification": TaskEntry(
         "audio.audio_classification:AudioClassification", "audio -> labels and scores"
