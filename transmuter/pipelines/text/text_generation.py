@@ -7,7 +7,13 @@ task_specific_params[task] (a pipeline applies its own task's, as transformers' 
 for every generating task), the pipeline's options, the call's. `max_length` and `min_length`
 count the decoder's whole sequence, as in transformers: the prompt for a decoder-only model, the
 decoder's start tokens for an encoder-decoder; `max_new_tokens` / `min_new_tokens` win over them
-where set. Without any length, a generation makes DEFAULT_NEW_TOKENS tokens.
+wherever they are set (generation_config.json's max_new_tokens over a call's max_length, as in
+transformers' generate()). Without any length, a generation makes DEFAULT_NEW_TOKENS tokens.
+
+text-generation's own options (PROMPT_OPTIONS) are transformers' TextGenerationPipeline's: how a
+prompt is tokenized (prefix, add_special_tokens, padding, truncation with max_length as the
+tokenizer's limit, handle_long_generation="hole") and what is answered (return_full_text,
+return_text, return_tensors). An empty prompt starts from bos_token_id, as generate() starts it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,25 @@ GENERATION_DEFAULTS = {
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
 }
+# text-generation's own options and their defaults (transformers' TextGenerationPipeline's;
+# not options of the encoder-decoder tasks built on this class). None: the tokenizer's own
+# special tokens, no padding or truncation asked, and the full text answered.
+PROMPT_OPTIONS = {
+    "prefix": "",
+    "add_special_tokens": None,
+    "padding": None,
+    "truncation": None,
+    "handle_long_generation": None,
+    "return_full_text": None,
+    "return_text": None,
+    "return_tensors": None,
+}
+# The tokenizer options' values that change nothing for one prompt at a time (prompts are
+# left-padded to their batch's longest, the padding masked, whatever `padding` says).
+_PADDING = (None, True, False, "longest", "do_not_pad")
+_TRUNCATION = (None, True, False, "longest_first", "only_first", "do_not_truncate")
+# transformers' tokenizers write a huge model_max_length where a tokenizer sets no limit.
+_NO_LIMIT = 1_000_000
 # The new tokens of a generation when nothing sets a length (transformers' GenerationConfig
 # says max_length=20, its pipelines max_new_tokens=256: kept at 20 new tokens here).
 DEFAULT_NEW_TOKENS = 20
@@ -50,10 +75,16 @@ class TextGeneration(Task):
     a generator of prompts a generator of them. Options, given here or per call:
     max_new_tokens, max_length, min_new_tokens, min_length, do_sample, temperature, top_k,
     top_p, repetition_penalty, no_repeat_ngram_size, eos_token_id (an id or a list; default
-    generation_config.json's), stop (strings that end a row once generated), on_token (called
-    as on_token(row, text) with each new piece of text), return_full_text; per call also key
-    (a jax.random key; by default each call draws a new one from seed 0). `batch_size`: the
-    prompts of a generator decoded together."""
+    generation_config.json's), stop (strings that end a row once generated; stop_sequence is
+    transformers' name), on_token (called as on_token(row, text) with each new piece of text),
+    and PROMPT_OPTIONS: prefix (tokenized before the prompt, not answered), add_special_tokens,
+    padding, truncation (with max_length, also the tokenizer's limit where given here or per
+    call, as transformers passes it), handle_long_generation ("hole": the prompt's start cut so
+    that it and the new tokens fit tokenizer_config.json's model_max_length), return_full_text
+    (default True), return_text, return_tensors ({"generated_token_ids": prompt and new ids});
+    per call also key (a jax.random key; by default each call draws a new one from seed 0) and
+    batch_size (checked; answers do not depend on it). `batch_size`: the prompts of a
+    generator decoded together."""
 
     task = "text-generation"
 
@@ -72,7 +103,10 @@ class TextGeneration(Task):
         self.decoder = Decoder(model, merged="use_cache_branch" in model.inputs)
         if not self.decoder.positions:
             warn_exact(repo.source)
-        self._set_defaults(options, return_full_text=True)
+        # transformers gives the tokenizer the pipeline's or the call's max_length, never
+        # generation_config.json's.
+        self._tokenizer_max_length = options.get("max_length")
+        self._set_defaults(options, **PROMPT_OPTIONS)
 
     def _set_defaults(self, options: dict[str, Any], **more: Any) -> None:
         """The options' defaults (GenerationConfig's, generation_config.json's, the task's
@@ -81,7 +115,7 @@ class TextGeneration(Task):
         self.defaults = generation_defaults(repo, self.task)
         self.defaults.update(stop=(), on_token=None, **more)
         self._check(options)
-        self.defaults.update(_lengths_given(options))
+        self.defaults.update(options)
         # Where no length is set anywhere, the defaults say so as numbers (what continuous
         # batching reads); a max_length or min_length given later still applies (`_given`).
         self._unset = {
@@ -113,31 +147,161 @@ class TextGeneration(Task):
     def describe_items(self) -> str:
         return "give a prompt string, a list of them or a generator of them"
 
-    def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
+    def run_items(
+        self, items: list, *, key: Any = None, batch_size: Any = None, **options: Any
+    ) -> list:
         if not all(isinstance(p, str) for p in items):
             raise InputError(
                 f"{self.describe_items()} (chat messages are not supported); got {items!r}"
             )
+        if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
+            positive_int(batch_size, "batch_size")
         if "stop_sequence" in options:  # transformers' name for stop strings
             if "stop" in options:
                 raise InputError("give stop or stop_sequence, not both")
             options["stop"] = options.pop("stop_sequence")
-        prompts = [self.tokenizer.encode(p).ids for p in items]
-        rows = self.generate(prompts, key=key, **options)
-        full = {**self.defaults, **options}["return_full_text"]
-        return [
-            [{"generated_text": (text if full else "") + self._text(row)}]
-            for text, row in zip(items, rows)
-        ]
+        self._check(options)
+        answer = _return_type(options) or _return_type(self.defaults) or "full"
+        prompts, starts, prefix_length = self._prompts(items, options)
+        rows = self._generate(prompts, key, options, prefix_length)
+        if answer == "tensors":
+            return [
+                [{"generated_token_ids": [int(t) for t in (*prompt, *row)]}]
+                for prompt, row in zip(prompts, rows)
+            ]
+        # transformers decodes the tokens after the prompt (all of them after an empty prompt,
+        # the bos_token_id it started from included) and puts the prompt's text (without the
+        # prefix) before them.
+        texts = [self._text([*p[start:], *row]) for p, start, row in zip(prompts, starts, rows)]
+        if answer == "full":
+            texts = [item + text for item, text in zip(items, texts)]
+        return [[{"generated_text": text}] for text in texts]
+
+    def _prompts(
+        self, items: list[str], options: dict[str, Any]
+    ) -> tuple[list[list[int]], list[int], int]:
+        """Each prompt's token ids as transformers' preprocess makes them, where its answer's
+        text starts among them, and the prefix's length (which a max_length does not count)."""
+        given = self._in_force(options)
+        prefix = given["prefix"]
+        if not isinstance(prefix, str):
+            raise InputError(f"prefix must be a string (put before each prompt); got {prefix!r}")
+        special = _flag(given, "add_special_tokens")
+        tokenizer = self.tokenizer
+        tokenizer.no_truncation()
+        # transformers counts the prefix without the special tokens unless the call asks.
+        prefix_length = (
+            len(tokenizer.encode(prefix, add_special_tokens=bool(special)).ids) if prefix else 0
+        )
+        limit = self._truncation(given, options.get("max_length"))
+        try:
+            if limit is not None:
+                side = self.repo.tokenizer_config.get("truncation_side", "right")
+                tokenizer.enable_truncation(limit, direction=side)
+            prompts = [
+                tokenizer.encode(prefix + item, add_special_tokens=special is not False).ids
+                for item in items
+            ]
+        except Exception as error:  # the tokenizers library's: a limit below its special tokens
+            raise InputError(f"truncation to max_length={limit} failed: {error}") from None
+        finally:
+            tokenizer.no_truncation()
+        if given["handle_long_generation"] is not None:
+            if given["handle_long_generation"] != "hole":
+                raise InputError(
+                    "handle_long_generation must be None or 'hole'; got "
+                    f"{given['handle_long_generation']!r}"
+                )
+            prompts = [self._hole(p, given) for p in prompts]
+        starts = [len(p) for p in prompts]
+        if not all(prompts):
+            bos = self._bos_id()
+            prompts = [p or [bos] for p in prompts]
+        return prompts, starts, prefix_length
+
+    def _truncation(self, given: dict[str, Any], call_max_length: Any) -> int | None:
+        """The tokens a prompt is cut to, as transformers' tokenizers decide: where truncation
+        is asked, or where a max_length comes without padding or truncation (their old
+        default), at that max_length, else at tokenizer_config.json's model_max_length."""
+        truncation, padding = given["truncation"], given["padding"]
+        if truncation not in _TRUNCATION:
+            raise InputError(
+                f"truncation must be one of {list(_TRUNCATION)} for a prompt; got {truncation!r}"
+            )
+        if padding not in _PADDING:
+            raise InputError(
+                f"padding must be one of {list(_PADDING)} (prompts are padded to their batch's "
+                f"longest, the padding masked; 'max_length' padding is not supported); "
+                f"got {padding!r}"
+            )
+        max_length = call_max_length
+        if max_length is None:
+            max_length = self._tokenizer_max_length
+        if max_length is not None:
+            max_length = positive_int(max_length, "max_length")
+        if truncation in (None, False, "do_not_truncate"):
+            if max_length is None or truncation is not None or padding not in (None, False):
+                return None
+        return max_length if max_length is not None else self._model_max_length()
+
+    def _hole(self, prompt: list[int], given: dict[str, Any]) -> list[int]:
+        """handle_long_generation="hole": the prompt's last tokens, as many as fit
+        model_max_length with the new tokens."""
+        total = self._model_max_length()
+        new = given["max_new_tokens"]
+        if new is None:
+            max_length = given["max_length"]
+            new = DEFAULT_NEW_TOKENS if max_length is None else int(max_length) - len(prompt)
+            if new < 0:
+                raise InputError(
+                    f"handle_long_generation='hole' cannot tell the new tokens: max_length="
+                    f"{max_length} is below the prompt's {len(prompt)} tokens; pass "
+                    "max_new_tokens"
+                )
+        if total is None or len(prompt) + new <= total:
+            return prompt
+        keep = total - new
+        if keep <= 0:
+            raise InputError(
+                f"handle_long_generation='hole' leaves no room for the prompt: {new} new tokens "
+                f"and model_max_length={total}"
+            )
+        return prompt[-keep:]
+
+    def _model_max_length(self) -> int | None:
+        """tokenizer_config.json's model_max_length (None where absent or transformers' huge
+        sentinel for no limit)."""
+        limit = self.repo.tokenizer_config.get("model_max_length")
+        return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
+
+    def _bos_id(self) -> int:
+        """The token an empty prompt starts from (generate()'s bos_token_id)."""
+        for source in (self.repo.generation_config, self.repo.config):
+            if isinstance(source.get("bos_token_id"), int):
+                return source["bos_token_id"]
+        raise InputError(
+            f"an empty prompt starts from bos_token_id, and {self.repo.source} has none "
+            "(generation_config.json, config.json): give a prompt of at least one token"
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]], *, key: Any = None, **options: Any):
         """The new token ids of each prompt (lists of token ids), up to and including its end
         of sequence token."""
+        return self._generate(prompts, key, options, 0)
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        key: Any,
+        options: dict[str, Any],
+        prefix_length: int,
+    ) -> list:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("text generation needs at least one prompt of at least one token")
         given, key = self._given(options, key)
-        # transformers counts max_length and min_length over the (left-padded) prompt.
-        max_new, settings = self._lengths(given, max(map(len, prompts)))
+        # transformers counts max_length and min_length over the (left-padded) prompt, less a
+        # prefix (its pipeline adds the prefix's length to them).
+        max_new, settings = self._lengths(given, max(map(len, prompts)) - prefix_length)
         if given["no_repeat_ngram_size"]:
             raise InputError(
                 "no_repeat_ngram_size is not implemented for decoder-only text generation "
@@ -185,11 +349,17 @@ class TextGeneration(Task):
         self._check(options)
         if key is None:
             self._keys, key = jax.random.split(self._keys)
-        given = {**self.defaults, **_lengths_given(options)}
-        for new in self._unset:  # a max_length / min_length given now counts
+        return self._in_force(options), key
+
+    def _in_force(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The call's options over the defaults. A max_new_tokens (min_new_tokens) set anywhere
+        wins over a max_length (min_length), as in transformers' generate(); only where none
+        is set does a max_length (min_length) given now count."""
+        given = {**self.defaults, **options}
+        for new in self._unset:
             if new not in options:
                 given[new] = None if given[_TOTAL[new]] else self.defaults[new]
-        return given, key
+        return given
 
     def _streamed(self, batch: int, given: dict[str, Any], decode: Callable) -> list:
         """`decode(on_token)`'s rows, streaming text and watching for stop strings as asked."""
@@ -318,11 +488,30 @@ def _inert(name: str, value: Any) -> bool:
 _TOTAL = {"max_new_tokens": "max_length", "min_new_tokens": "min_length"}
 
 
-def _lengths_given(options: dict[str, Any]) -> dict[str, Any]:
-    """`options`, where a max_length (min_length) given without max_new_tokens
-    (min_new_tokens) unsets the latter, so that it counts as in transformers."""
-    options = dict(options)
-    for new, total in _TOTAL.items():
-        if options.get(total) is not None and new not in options:
-            options[new] = None
-    return options
+def _flag(options: dict[str, Any], name: str) -> bool | None:
+    """A True / False option (None: not given)."""
+    value = options.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
+def _return_type(options: dict[str, Any]) -> str | None:
+    """What `options` ask text-generation to answer, as transformers' ReturnType: "tensors"
+    (the prompt's and the new token ids), "new" (the new text) or "full" (the prompt's text
+    and the new text); None where they ask nothing. return_full_text is refused beside
+    return_text or return_tensors, as transformers refuses it."""
+    full = _flag(options, "return_full_text")
+    text = _flag(options, "return_text")
+    tensors = _flag(options, "return_tensors")
+    if full is not None and (text or tensors):
+        raise InputError(
+            "return_full_text cannot be given with return_text or return_tensors: give one"
+        )
+    if text and tensors:
+        raise InputError("give return_text or return_tensors, not both")
+    if tensors:
+        return "tensors"
+    if full is not None:
+        return "full" if full else "new"
+    return "full" if text else None
