@@ -59,8 +59,10 @@ def test_token_embeddings_come_per_text_without_padding():
     embed = transmuter.pipeline("feature-extraction", REPOS / "bert")
     rows = embed(want["texts"])
     lengths = [len(embed.encoder.tokenizer.encode(t).ids) for t in want["texts"]]
-    assert [r.shape for r in rows] == [(n, 32) for n in lengths]
-    np.testing.assert_allclose(rows[0].mean(0), want["mean_unnormalized"][0], atol=1e-5)
+    # [1, tokens, hidden] per text, as transformers' pipeline keeps its batch of one.
+    assert [r.shape for r in rows] == [(1, n, 32) for n in lengths]
+    np.testing.assert_allclose(rows[0][0].mean(0), want["mean_unnormalized"][0], atol=1e-5)
+    assert embed(want["texts"][0]).shape == rows[0].shape
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +162,47 @@ def test_batch_size_per_call_is_checked_and_changes_no_answer(task, repo, text):
     assert str(pipe(texts, batch_size=2)) == str(pipe(texts))
     with pytest.raises(InputError, match="batch_size must be an integer"):
         pipe(texts, batch_size=0)
+
+
+def test_tokenizer_keywords_per_call_cut_where_transformers_cuts():
+    # transformers' feature-extraction takes tokenize_kwargs and truncation per call; BERT's
+    # fixture reads 64 positions.
+    embed = transmuter.pipeline("feature-extraction", REPOS / "bert")
+    text = "the quick brown fox jumps over the lazy dog"
+    whole = embed(text)
+    cut = embed(text, truncation=True, tokenize_kwargs={"max_length": 4})
+    assert cut.shape == (1, 4, 32)  # [CLS], two tokens, [SEP]: the special tokens are kept
+    assert (
+        embed.encoder.tokenizer.encode(text).ids[:3]
+        == embed.encoder.encode([text], {"truncation": True, "max_length": 4})[0].ids[:3]
+    )
+    # transformers' tokenizers default truncation on for a max_length given alone (the
+    # recorded feature-extraction "max-length" call), and off beside padding.
+    np.testing.assert_array_equal(embed(text, tokenize_kwargs={"max_length": 4}), cut)
+    padded = {"max_length": 4, "padding": True}
+    np.testing.assert_array_equal(embed(text, tokenize_kwargs=padded), whole)
+    long = " ".join(["word"] * 100)
+    assert embed(long, truncation=True).shape == (1, 64, 32)  # the model's positions
+    with pytest.raises(InputError, match="truncation=False, and 'word word.* than the model's 64"):
+        embed(long, truncation=False)
+    with pytest.raises(InputError, match="truncation given twice"):
+        embed(text, truncation=True, tokenize_kwargs={"truncation": True})
+    with pytest.raises(InputError, match=r"tokenize_kwargs takes .*; got \['stride'\]"):
+        embed(text, tokenize_kwargs={"stride": 2})
+    with pytest.raises(InputError, match="'max_length' padding is not supported"):
+        embed(text, tokenize_kwargs={"padding": "max_length"})
+    with pytest.raises(InputError, match="truncation must be True or False"):
+        embed(text, truncation="yes")
+
+
+def test_every_tasks_unknown_option_is_an_input_error_naming_what_it_takes():
+    # base.Task checks a call's keywords against run_items' before any item runs (they were
+    # Python's TypeError from run_items, after a generator's first items had run).
+    classify = transmuter.pipeline("text-classification", REPOS / "bert-sst")
+    with pytest.raises(InputError, match=r"has no option \['colour'\]; it takes \['batch_size'"):
+        classify("i like books", colour="red")
+    with pytest.raises(InputError, match=r"has no option \['colour'\]"):
+        classify(iter(["i like books"]), colour="red")
+    fill = transmuter.pipeline("fill-mask", REPOS / "bert-mlm")
+    with pytest.raises(InputError, match="tokenizer_kwargs must be a dict"):
+        fill("i like [MASK]", tokenizer_kwargs=True)

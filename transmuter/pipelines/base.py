@@ -17,6 +17,7 @@ list) returns; `batch_key(item)`, where a task has one, groups items that batch 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -33,6 +34,7 @@ class Task:
     batch_size: int = 1
 
     def __call__(self, inputs: Any, **options: Any) -> Any:
+        self.check_options(options)
         if isinstance(inputs, Iterator):
             return self._stream(inputs, options)
         items, single = self.items(inputs)
@@ -60,6 +62,18 @@ class Task:
     def run_items(self, items: list, **options: Any) -> list:
         """One result per item (the Serving contract)."""
         raise NotImplementedError
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """An InputError naming the options `run_items` does not take (a call's unknown keyword
+        would otherwise be Python's TypeError); a task whose `run_items` takes **options checks
+        its own."""
+        parameters = inspect.signature(self.run_items).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return
+        known = sorted(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InputError(f"{type(self).__name__} has no option {unknown}; it takes {known}")
 
     def single(self, result: Any, item: Any, options: Mapping[str, Any]) -> Any:
         """What a call with one item (not in a list) and these options returns, from that

@@ -26,6 +26,7 @@ from transmuter.pipelines.base import (
 )
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.text import token_aggregation as aggregation
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -38,6 +39,47 @@ class _Unset:
 
 
 UNSET = _Unset()
+
+
+# transformers' per-call tokenizer keywords (tokenizer_kwargs, tokenize_kwargs, or keywords of
+# the call) that an encoder task takes.
+TOKENIZER_OPTIONS = ("truncation", "max_length", "padding")
+# Paddings (besides True and False) that leave each text as it is: every text here runs at its
+# own length, its padding in a batch masked and cut off ("max_length" would add tokens).
+_PADDINGS = ("longest", "do_not_pad")
+
+
+def tokenizer_options(given: Any, name: str) -> dict[str, Any]:
+    """A call's tokenizer keywords, checked: truncation (a bool), max_length (a positive
+    integer, cut at as transformers' tokenizers cut: see `_truncates`) and padding."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise InputError(f"{name} must be a dict of tokenizer keywords; got {given!r}")
+    unknown = sorted(set(given) - set(TOKENIZER_OPTIONS))
+    if unknown:
+        raise InputError(f"{name} takes {list(TOKENIZER_OPTIONS)}; got {unknown}")
+    options = dict(given)
+    if "truncation" in options and not isinstance(options["truncation"], bool):
+        raise InputError(f"truncation must be True or False; got {options['truncation']!r}")
+    if options.get("max_length") is not None:
+        options["max_length"] = positive_int(options["max_length"], "max_length")
+    padding = options.get("padding", False)
+    if not (isinstance(padding, bool) or padding in _PADDINGS):
+        raise InputError(
+            "padding must be True, False, 'longest' or 'do_not_pad' (each text runs at its "
+            f"own length; 'max_length' padding is not supported); got {padding!r}"
+        )
+    return options
+
+
+def _truncates(options: Mapping[str, Any]) -> bool:
+    """Whether a call's tokenizer keywords cut at their max_length: truncation=True, or, as
+    transformers' tokenizers default it, a max_length given with neither truncation nor
+    padding."""
+    if "truncation" in options:
+        return options["truncation"]
+    return options.get("max_length") is not None and not options.get("padding", False)
 
 
 class Encoder:
@@ -61,13 +103,37 @@ class Encoder:
             # Past the model's positions the embedding lookup would fail: cut as transformers'
             # tokenizers do (keeping the special tokens the post-processor adds).
             self.tokenizer.enable_truncation(limit)
+        self._truncating_at: dict[int, Any] = {}
         self._compiled = None
 
-    def encode(self, texts: Sequence[Any]) -> list[Any]:
+    def encode(self, texts: Sequence[Any], options: Mapping[str, Any] | None = None) -> list[Any]:
         """Each text's tokenizer encoding (truncated to the model's positions); a pair
         {"text", "text_pair"} (a cross-encoder's query and passage, as transformers'
-        text-classification takes them) encodes as the tokenizer's pair template."""
-        return self.tokenizer.encode_batch([_text_or_pair(t, self.pairs) for t in texts])
+        text-classification takes them) encodes as the tokenizer's pair template. `options`
+        are a call's tokenizer keywords (`tokenizer_options`): truncation=True with a
+        max_length cuts there (keeping the special tokens); truncation=False refuses a text
+        past the model's positions, which transformers' model would fail on."""
+        options = options or {}
+        tokenizer = self.tokenizer
+        if _truncates(options) and options.get("max_length"):
+            tokenizer = self._truncating(options["max_length"])
+        encodings = tokenizer.encode_batch([_text_or_pair(t, self.pairs) for t in texts])
+        if options.get("truncation") is False:
+            for text, encoding in zip(texts, encodings):
+                if encoding.overflowing:
+                    raise InputError(
+                        f"truncation=False, and {text!r} has more tokens than the model's "
+                        f"{self.limit} positions"
+                    )
+        return encodings
+
+    def _truncating(self, length: int) -> Any:
+        """A copy of the tokenizer that cuts at `length` tokens (at most the model's)."""
+        if length not in self._truncating_at:
+            tokenizer = type(self.tokenizer).from_str(self.tokenizer.to_str())
+            tokenizer.enable_truncation(min(length, self.limit or length))
+            self._truncating_at[length] = tokenizer
+        return self._truncating_at[length]
 
     def sequence_bucket(self, text: Any) -> int:
         """The padded length `text` runs at (tokens rounded up to a multiple of 16): texts of
@@ -165,9 +231,10 @@ def _text_or_pair(item: Any, pairs: bool) -> str | tuple[str, str]:
 
 
 class FeatureExtraction(Task):
-    """Text -> embeddings: per token (`pooling="none"`: an array [tokens, hidden] per text) or
-    pooled (`"mean"` over the real tokens, `"cls"` the first token: an array [texts, hidden],
-    [hidden] for one text), L2-normalized with `normalize=True`."""
+    """Text -> embeddings: per token (`pooling="none"`: an array [1, tokens, hidden] per text,
+    transformers' answer with its batch of one kept) or pooled (`"mean"` over the real tokens,
+    `"cls"` the first token: an array [texts, hidden], [hidden] for one text), L2-normalized
+    with `normalize=True`."""
 
     def __init__(
         self, repo: Repo, *, pooling: str = "none", normalize: bool = False, batch_size: int = 8
@@ -189,11 +256,31 @@ class FeatureExtraction(Task):
             np.stack(results) if self.pooling != "none" and isinstance(results, list) else results
         )
 
-    def run_items(self, items: list) -> list:
-        hidden = self.encoder.run(self.encoder.encode(items), self.output)
+    def run_items(
+        self,
+        items: list,
+        *,
+        truncation: bool | None = None,
+        tokenize_kwargs: Mapping[str, Any] | None = None,
+        return_tensors: bool | None = None,
+        batch_size: int | None = None,
+    ) -> list:
+        """transformers' per-call options: tokenize_kwargs, truncation (not both ways),
+        return_tensors (arrays either way here) and batch_size (answers do not depend on it)."""
+        options = tokenizer_options(tokenize_kwargs, "tokenize_kwargs")
+        if truncation is not None:
+            if "truncation" in options:
+                raise InputError("truncation given twice: as an option and in tokenize_kwargs")
+            options = tokenizer_options({**options, "truncation": truncation}, "truncation")
+        if return_tensors is not None and not isinstance(return_tensors, bool):
+            raise InputError(f"return_tensors must be True or False; got {return_tensors!r}")
+        if batch_size is not None:
+            positive_int(batch_size, "batch_size")
+        hidden = self.encoder.run(self.encoder.encode(items, options), self.output)
         if self.pooling != "none":
             hidden = [h.mean(0) if self.pooling == "mean" else h[0] for h in hidden]
-        return [_normalized(h) if self.normalize else h for h in hidden]
+        hidden = [_normalized(h) if self.normalize else h for h in hidden]
+        return hidden if self.pooling != "none" else [h[None] for h in hidden]
 
 
 # sentence-transformers' pooling modes (1_Pooling/config.json) by FeatureExtraction's names.
@@ -268,7 +355,12 @@ class TextClassification(Task):
         top_k: Any = UNSET,
         function_to_apply: str | None = None,
         batch_size: int | None = None,
+        truncation: bool | None = None,
+        max_length: int | None = None,
+        padding: Any = None,
     ) -> list:
+        given = {"truncation": truncation, "max_length": max_length, "padding": padding}
+        options = tokenizer_options({k: v for k, v in given.items() if v is not None}, "options")
         if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
             positive_int(batch_size, "batch_size")
         if top_k is UNSET:
@@ -278,7 +370,7 @@ class TextClassification(Task):
         function = self.defaults["function_to_apply"]
         if function_to_apply is not None:
             function = choice(function_to_apply, "function_to_apply", SCORES)
-        logits = self.encoder.run(self.encoder.encode(items), "logits")
+        logits = self.encoder.run(self.encoder.encode(items, options), "logits")
         results = []
         for row in logits:
             scores = SCORES[function](row)
@@ -288,14 +380,34 @@ class TextClassification(Task):
 
 
 class TokenClassification(Task):
-    """Text -> one dict per token not labeled in `ignore_labels` (special tokens left out), as
-    transformers' token-classification without aggregation: entity, score (softmax), index
-    (in the tokenized text), word (the token), start and end (character offsets)."""
+    """Text -> its entities, as transformers' token-classification (token_aggregation.py
+    follows its postprocessing). With `aggregation_strategy="none"` one dict per token (special
+    tokens left out): entity, score (softmax), index (in the tokenized text), word (the token),
+    start and end (character offsets); "simple" groups adjacent tokens of one entity type, and
+    "first", "average" and "max" join a word's tokens first, into dicts of entity_group, score,
+    word, start and end. Entities labeled in `ignore_labels` are left out. With a `stride`, a
+    text past the model's positions runs in windows overlapping by `stride` tokens, their
+    entities merged. The three are options here and per call."""
 
-    def __init__(self, repo: Repo, *, ignore_labels: Sequence[str] = ("O",), batch_size: int = 8):
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        ignore_labels: Sequence[str] = ("O",),
+        aggregation_strategy: str | None = None,
+        stride: int | None = None,
+        batch_size: int = 8,
+    ):
         self.encoder = Encoder(repo, "token-classification", batch_size)
         self.batch_size = self.encoder.batch_size
-        self.ignore = set(ignore_labels)
+        self.ignore = aggregation.ignore_labels(ignore_labels)
+        self.strategy = aggregation.aggregation_strategy(
+            "none" if aggregation_strategy is None else aggregation_strategy
+        )
+        self.stride = self._stride(stride, aggregation_strategy)
+        self.decode = aggregation.decoder(self.encoder.tokenizer)
+        self.unknown = aggregation.unknown_id(repo.tokenizer_config, self.encoder.tokenizer)
+        self._windows: dict[int, Any] = {}  # a tokenizer cutting windows, by stride
 
     def batch_key(self, text: str) -> int:
         """`Serving` batches texts of one sequence bucket together."""
@@ -304,29 +416,68 @@ class TokenClassification(Task):
     def is_item(self, value: Any) -> bool:
         return isinstance(value, str)
 
-    def run_items(self, items: list, *, batch_size: int | None = None) -> list:
+    def run_items(
+        self,
+        items: list,
+        *,
+        aggregation_strategy: str | None = None,
+        ignore_labels: Sequence[str] | None = None,
+        stride: int | None = None,
+        batch_size: int | None = None,
+    ) -> list:
         if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
             positive_int(batch_size, "batch_size")
-        encodings = self.encoder.encode(items)
+        strategy = self.strategy
+        if aggregation_strategy is not None:
+            strategy = aggregation.aggregation_strategy(aggregation_strategy)
+        ignore = self.ignore if ignore_labels is None else aggregation.ignore_labels(ignore_labels)
+        stride = self.stride if stride is None else self._stride(stride, aggregation_strategy)
+        windows = self._windows_of(items, stride)
+        logits = iter(self.encoder.run([w for text in windows for w in text], "logits"))
         results = []
-        for encoding, logits in zip(encodings, self.encoder.run(encodings, "logits")):
-            scores = softmax(logits)
-            labels = id2label(self.encoder.repo.config, scores.shape[-1])
+        for text, encodings in zip(items, windows):
             found = []
-            for index, token in enumerate(encoding.tokens):
-                best = int(scores[index].argmax())
-                if encoding.special_tokens_mask[index] or labels[best] in self.ignore:
-                    continue
-                start, end = encoding.offsets[index]
-                found.append(
-                    {
-                        "entity": labels[best],
-                        "score": float(scores[index, best]),
-                        "index": index,
-                        "word": token,
-                        "start": start,
-                        "end": end,
-                    }
+            for encoding in encodings:
+                scores = softmax(next(logits))
+                labels = id2label(self.encoder.repo.config, scores.shape[-1])
+                tokens = aggregation.tokens(
+                    text, encoding, scores, self.encoder.tokenizer, self.unknown, strategy
                 )
-            results.append(found)
+                found += aggregation.kept(
+                    aggregation.entities(tokens, strategy, labels, self.decode), ignore
+                )
+            results.append(aggregation.merge_windows(found) if len(encodings) > 1 else found)
         return results
+
+    def _windows_of(self, texts: list, stride: int | None) -> list[list[Any]]:
+        """Each text's encoding, alone; with a stride, each text's windows (transformers'
+        overflowing tokens), by a copy of the tokenizer that cuts them."""
+        if stride is None or not self.encoder.limit:
+            return [[encoding] for encoding in self.encoder.encode(texts)]
+        tokenizer = self._windows.get(stride)
+        if tokenizer is None:
+            tokenizer = self.encoder.repo.require_tokenizer("token-classification")
+            tokenizer.enable_truncation(self.encoder.limit, stride=stride)
+            self._windows[stride] = tokenizer
+        encodings = tokenizer.encode_batch([_text_or_pair(text, False) for text in texts])
+        return [[encoding, *encoding.overflowing] for encoding in encodings]
+
+    def _stride(self, stride: Any, strategy: str | None) -> int | None:
+        """A stride shorter than a window's text tokens (the model's positions less the
+        special tokens); transformers refuses one given with aggregation_strategy "none"."""
+        if stride is None:
+            return None
+        if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 0:
+            raise InputError(f"stride must be an integer of at least 0; got {stride!r}")
+        limit, processor = self.encoder.limit, self.encoder.tokenizer.post_processor
+        room = limit
+        if limit and processor:
+            room = limit - processor.num_special_tokens_to_add(False)
+        if room is not None and stride >= room:
+            raise InputError(
+                f"stride must be less than the {room} text tokens of a window (the model's "
+                f"{limit} positions less the special tokens); got {stride}"
+            )
+        if isinstance(strategy, str) and strategy.lower() == "none":
+            raise InputError('stride needs an aggregation_strategy other than "none"')
+        return int(stride)

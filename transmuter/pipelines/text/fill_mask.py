@@ -8,7 +8,7 @@ sequence to a multiple of 16 (the bucketed dims), so a few programs serve every 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.base import Task, positive_int, softmax
 from transmuter.pipelines.base import top_k as top_k_option
 from transmuter.pipelines.repo import Repo
-from transmuter.pipelines.text.encoders import Encoder
+from transmuter.pipelines.text.encoders import Encoder, tokenizer_options
 
 # The mask tokens of the BERT and RoBERTa families, where tokenizer_config.json names none.
 _MASK_TOKENS = ("[MASK]", "<mask>")
@@ -66,12 +66,14 @@ class FillMask(Task):
         top_k: int | None = None,
         targets: str | Sequence[str] | None = None,
         batch_size: int | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
     ) -> list:
         if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
             positive_int(batch_size, "batch_size")
+        options = tokenizer_options(tokenizer_kwargs, "tokenizer_kwargs")
         top_k = self.top_k if top_k is None else top_k_option(top_k)
         target_ids = self.target_ids if targets is None else self._target_ids(targets)
-        encodings = self.encoder.encode(items)
+        encodings = self.encoder.encode(items, options)
         masks = []
         for text, encoding in zip(items, encodings):
             found = np.flatnonzero(np.asarray(encoding.ids) == self.mask_id)

@@ -4,7 +4,6 @@ pixel_values in batches (the batch dim bucketed to powers of two)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ class ImageTask(Task):
             # and the buckets are compiled up to the pipeline's batch_size, so the call's is
             # checked and the pipeline's batches are kept.
             positive_int(options.pop("batch_size"), "batch_size")
-        check_options(self, options)
         return super().__call__(inputs, **options)
 
     def is_item(self, value: Any) -> bool:
@@ -73,19 +71,6 @@ def call_arguments(
     if inputs is None:
         raise InputError(task.describe_items())
     return inputs, options
-
-
-def check_options(task: Any, options: dict[str, Any]) -> None:
-    """An InputError naming the options `task.run_items` does not take (a call's unknown
-    keyword would otherwise be Python's TypeError). A generic check that base.py's Task could
-    make for every task; here for the vision tasks meanwhile."""
-    parameters = inspect.signature(task.run_items).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return  # the task checks its own (generation options)
-    known = sorted(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise InputError(f"{type(task).__name__} has no option {unknown}; it takes {known}")
 
 
 class PixelModel:
