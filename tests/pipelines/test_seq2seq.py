@@ -1,5 +1,6 @@
 """text2text-generation (T5, BART) and automatic-speech-recognition (Whisper) against
-transformers' greedy generate(), recorded by tests/fixtures/make_pipelines.py at 40 tokens with
+transformers' greedy generate() (num_beams=1: the text tasks default to 4 beams, as
+transformers' pipelines), recorded by tests/fixtures/make_pipelines.py at 40 tokens with
 min_new_tokens=40, and the number of programs each decoding compiles. decoding="past" compiles
 a program per step the first time (Optimum's exports take no self-attention mask), so it is
 compared on the first few tokens and "padded", the same tokens through bucketed programs, on
@@ -24,17 +25,19 @@ from transmuter.pipelines.shapes import ProgramBudget
 
 @pytest.fixture(scope="module")
 def t5():
-    return transmuter.pipeline("text2text-generation", REPOS / "t5")
+    return transmuter.pipeline("text2text-generation", REPOS / "t5", num_beams=1)
 
 
 @pytest.fixture(scope="module")
 def t5_padded():
-    return transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="padded")
+    return transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="padded", num_beams=1)
 
 
 @pytest.fixture(scope="module")
 def bart_padded():
-    return transmuter.pipeline("text2text-generation", REPOS / "bart", decoding="padded")
+    return transmuter.pipeline(
+        "text2text-generation", REPOS / "bart", decoding="padded", num_beams=1
+    )
 
 
 # decoding="past" compiles a program per token for each batch size and decoder: its
@@ -89,7 +92,7 @@ def test_programs_past_the_budget_are_dropped_and_compile_again():
     # "past" decoding compiles a program per step, batch and encoder length, which no bucket
     # bounds: a long-lived pipeline drops them all once its budget is spent (each program
     # holds memory maps, and a process past the kernel's limit crashes in XLA's compiler).
-    t5 = transmuter.pipeline("text2text-generation", REPOS / "t5")
+    t5 = transmuter.pipeline("text2text-generation", REPOS / "t5", num_beams=1)
     t5.decoder.budget = ProgramBudget(limit=3)
     want = expected("t5")["batch"]
     got = t5.generate(want["input_ids"], max_new_tokens=4, **want["options"])
@@ -114,7 +117,9 @@ def test_greedy_tokens_are_transformers(name, decoding, request):
     if decoding == "padded":
         generate = request.getfixturevalue(f"{name}_padded")
     else:
-        generate = transmuter.pipeline("text2text-generation", REPOS / name, decoding=decoding)
+        generate = transmuter.pipeline(
+            "text2text-generation", REPOS / name, decoding=decoding, num_beams=1
+        )
     assert generate.decoder.merged == (name == "bart")
     n = PAST_TOKENS if decoding == "past" else RECORDED
     got = generate.generate(want["input_ids"], max_new_tokens=n, **want["options"])
@@ -138,6 +143,46 @@ def test_text2text_options_are_checked(t5):
         t5([])
     with pytest.raises(InputError, match="decoding must be one of past, padded; got 'fast'"):
         transmuter.pipeline("text2text-generation", REPOS / "t5", decoding="fast")
+    # transformers' per-call options and beam search's, checked before anything runs.
+    for name in ("truncation", "return_tensors", "return_text", "clean_up_tokenization_spaces"):
+        with pytest.raises(InputError, match=f"{name} must be True or False; got 'yes'"):
+            t5("Hello", **{name: "yes"})
+    with pytest.raises(InputError, match="batch_size must be an integer"):
+        t5("Hello", batch_size=0)
+    with pytest.raises(InputError, match="num_return_sequences=3 needs at least as many beams"):
+        t5("Hello", num_beams=2, num_return_sequences=3)
+    with pytest.raises(InputError, match=r"cannot be combined with \['do_sample'\]"):
+        t5("Hello", num_beams=2, do_sample=True)
+    with pytest.raises(InputError, match=r"cannot be combined with \['stop'\]"):
+        t5("Hello", num_beams=2, stop=".")
+    with pytest.raises(InputError, match="early_stopping must be True, False or 'never'"):
+        t5("Hello", num_beams=2, early_stopping="soon")
+    with pytest.raises(InputError, match="num_beams must be an integer"):
+        t5("Hello", num_beams=0)
+
+
+def test_clean_up_tokenization_is_transformers():
+    from transmuter.pipelines.text.text2text_generation import clean_up_tokenization
+
+    text = "I do n't know , he 's here . Is it ? We 're sure ! I 'm off ' "
+    assert clean_up_tokenization(text) == "I don't know, he's here. Is it? We're sure! I'm off'"
+
+
+def test_translation_languages_are_the_tasks(tmp_path):
+    # T5's tokenizer has no language codes: src_lang / tgt_lang only name the task's languages.
+    german = transmuter.pipeline("translation_en_to_de", REPOS / "t5-tasks")
+    with pytest.raises(InputError, match="tgt_lang='fr': this pipeline's task is translation_en"):
+        german("Hello", src_lang="en", tgt_lang="fr")
+    with pytest.raises(InputError, match=r"has no option \['src_lang'\]"):
+        transmuter.pipeline("summarization", REPOS / "t5-tasks")("Hello", src_lang="en")
+
+
+def test_a_text_past_learned_positions_is_refused_or_truncated(bart_padded):
+    # BART's encoder has a position table (128 here); T5's relative positions have none.
+    long = " ".join(["word"] * 150)
+    with pytest.raises(InputError, match="tokens; the encoder has 128 positions: pass truncation"):
+        bart_padded(long, max_new_tokens=2)
+    assert len(bart_padded.generate(bart_padded._encode([long], True), max_new_tokens=2)[0]) == 2
 
 
 @pytest.fixture(scope="module")

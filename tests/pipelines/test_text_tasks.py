@@ -148,7 +148,8 @@ def test_zero_shot_bad_inputs(zero_shot):
 
 @pytest.fixture(scope="module")
 def summarize():
-    return transmuter.pipeline("summarization", REPOS / "t5-tasks", decoding="padded")
+    # Recorded greedily (num_beams=1), as the pipelines' own 4 beams are tested elsewhere.
+    return transmuter.pipeline("summarization", REPOS / "t5-tasks", decoding="padded", num_beams=1)
 
 
 def test_summarization_uses_the_task_prefix(summarize):
@@ -166,7 +167,8 @@ def test_summarization_uses_the_task_prefix(summarize):
 def test_translation_task_names():
     want = expected("t5-tasks")
     n = want["max_new_tokens"]
-    german = transmuter.pipeline("translation_en_to_de", REPOS / "t5-tasks", decoding="padded")
+    greedy = {"decoding": "padded", "num_beams": 1}  # as recorded
+    german = transmuter.pipeline("translation_en_to_de", REPOS / "t5-tasks", **greedy)
     assert german.prefix == "translate English to German: "
     assert german(want["texts"], max_new_tokens=n) == want["translation_en_to_de"]["batch"]
     # decoding="past" on T5 is test_seq2seq.py's: the tasks add their prefix and settings.
@@ -174,7 +176,7 @@ def test_translation_task_names():
     first = transmuter.pipeline("translation", REPOS / "t5-tasks")
     assert (first.task, first.prefix) == ("translation_en_to_de", german.prefix)
     assert want["translation"] == want["translation_en_to_de"]
-    french = transmuter.pipeline("translation_en_to_fr", REPOS / "t5-tasks", decoding="padded")
+    french = transmuter.pipeline("translation_en_to_fr", REPOS / "t5-tasks", **greedy)
     assert french.prefix == "translate English to French: "
     assert french(want["texts"], max_new_tokens=n) == want["translation_en_to_fr"]["batch"]
     with pytest.raises(InputError, match="has no translation_en_to_es"):
@@ -187,17 +189,20 @@ def test_task_settings_that_are_options_become_defaults_and_others_warn(tmp_path
     repo = tmp_path / "t5"
     shutil.copytree(REPOS / "t5-tasks", repo)
     config = json.loads((repo / "config.json").read_text())
-    config["task_specific_params"]["summarization"].update(num_beams=4, min_new_tokens=3)
+    config["task_specific_params"]["summarization"].update(
+        num_beams=2, length_penalty=2.0, min_new_tokens=3, num_beam_groups=2
+    )
     (repo / "config.json").write_text(json.dumps(config))
-    with pytest.warns(UserWarning, match=r"\['num_beams'\] are not applied"):
+    with pytest.warns(UserWarning, match=r"\['num_beam_groups'\] are not applied"):
         summarize = transmuter.pipeline("summarization", repo, max_new_tokens=5)
     assert summarize.defaults["min_new_tokens"] == 3  # the task's
     assert summarize.defaults["max_new_tokens"] == 5  # the caller's
-    # generation_config.json's beams are not followed either, and say so.
+    assert (summarize.defaults["num_beams"], summarize.defaults["length_penalty"]) == (2, 2.0)
+    # Without a setting anywhere, transformers' text2text pipelines' 4 beams; the repo's win.
+    assert transmuter.pipeline("text2text-generation", repo).defaults["num_beams"] == 4
     generation = json.loads((repo / "generation_config.json").read_text())
     (repo / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 3}))
-    with pytest.warns(UserWarning, match=r"\['num_beams'\] are not applied"):
-        transmuter.pipeline("text2text-generation", repo)
+    assert transmuter.pipeline("text2text-generation", repo).defaults["num_beams"] == 3
 
 
 def test_question_answering_from_the_hub(hub):  # noqa: F811

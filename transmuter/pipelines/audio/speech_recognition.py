@@ -38,6 +38,7 @@ class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
     <|notimestamps|>."""
 
     task = "automatic-speech-recognition"
+    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
 
     def __new__(cls, repo: Repo, **options: Any):
         # One task name, two kinds of model, as in transformers: an export without an

@@ -59,6 +59,12 @@ class Settings:
     begin_suppress: tuple[int, ...] = ()
     forced_bos: int | None = None
     forced_eos: tuple[int, ...] = ()
+    # Beam search (beams.py), greedy only: the beams kept, the answers returned of each row,
+    # and how finished beams are scored and when the search ends, as transformers' are.
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     @property
     def rules(self) -> Rules:
@@ -87,20 +93,8 @@ def choose(logits, seen, step, keys, sampling: Sampling, rules: Rules, last=Fals
     `step` is the index of the new token (a scalar or one per row), `keys` one PRNG key per
     row, folded with the step before drawing; `last` (traced) where the token is the last."""
     logits = logits.astype(jnp.float32)
-    batch, vocab = logits.shape
-    step = jnp.broadcast_to(jnp.asarray(step, jnp.int32), (batch,))
-    if seen.shape[-1]:
-        factor = sampling.penalty[:, None]
-        penalized = jnp.where(logits < 0, logits * factor, logits / factor)
-        logits = jnp.where(seen, penalized, logits)
-    if rules.eos:
-        blocked = jnp.zeros(vocab, bool).at[jnp.asarray(rules.eos)].set(True)
-        logits = jnp.where((step < sampling.min_new)[:, None] & blocked, -jnp.inf, logits)
-    if rules.suppress:
-        logits = logits.at[:, jnp.asarray(rules.suppress)].set(-jnp.inf)
-    if rules.begin_suppress:
-        begin = jnp.zeros(vocab, bool).at[jnp.asarray(rules.begin_suppress)].set(True)
-        logits = jnp.where((step == 0)[:, None] & begin, -jnp.inf, logits)
+    step = jnp.broadcast_to(jnp.asarray(step, jnp.int32), logits.shape[:1])
+    logits = _processed(logits, seen, step, sampling, rules)
     greedy = jnp.argmax(logits, axis=-1)
     temperature = sampling.temperature
     # The sort, softmax and draws cost more than a tiny model's step: only when a row samples.
@@ -114,6 +108,41 @@ def choose(logits, seen, step, keys, sampling: Sampling, rules: Rules, last=Fals
     if rules.forced_eos:
         token = jnp.where(last, min(rules.forced_eos), token)
     return token
+
+
+def beam_scores(logits, seen, step, sampling: Sampling, rules: Rules, last=False):
+    """(Traced.) Each row's log-probabilities of the next token [batch, vocabulary] after the
+    same processors as `choose`, in transformers' beam search order: log-softmax first, then
+    the processors on the log-probabilities; a forced token scores 0 and every other -inf."""
+    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    step = jnp.broadcast_to(jnp.asarray(step, jnp.int32), scores.shape[:1])
+    scores = _processed(scores, seen, step, sampling, rules)
+    vocab = jnp.arange(scores.shape[-1])
+    if rules.forced_bos is not None:
+        forced = jnp.where(vocab == rules.forced_bos, 0.0, -jnp.inf)
+        scores = jnp.where((step == 0)[:, None], forced, scores)
+    if rules.forced_eos:
+        forced = jnp.where(jnp.isin(vocab, jnp.asarray(rules.forced_eos)), 0.0, -jnp.inf)
+        scores = jnp.where(last, forced, scores)
+    return scores
+
+
+def _processed(logits, seen, step, sampling: Sampling, rules: Rules):
+    """`logits` after the repetition penalty, the minimum length and the suppressed tokens."""
+    vocab = logits.shape[-1]
+    if seen.shape[-1]:
+        factor = sampling.penalty[:, None]
+        penalized = jnp.where(logits < 0, logits * factor, logits / factor)
+        logits = jnp.where(seen, penalized, logits)
+    if rules.eos:
+        blocked = jnp.zeros(vocab, bool).at[jnp.asarray(rules.eos)].set(True)
+        logits = jnp.where((step < sampling.min_new)[:, None] & blocked, -jnp.inf, logits)
+    if rules.suppress:
+        logits = logits.at[:, jnp.asarray(rules.suppress)].set(-jnp.inf)
+    if rules.begin_suppress:
+        begin = jnp.zeros(vocab, bool).at[jnp.asarray(rules.begin_suppress)].set(True)
+        logits = jnp.where((step == 0)[:, None] & begin, -jnp.inf, logits)
+    return logits
 
 
 def _sampled(logits, greedy, step, keys, sampling: Sampling):

@@ -51,8 +51,10 @@ import numpy as np
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.generation.beams import BeamSearch, beam_loop
 from transmuter.pipelines.generation.choice import (
     Settings,
+    beam_scores,
     choose,
     decode_loop,
     mark_seen,
@@ -201,10 +203,10 @@ class Seq2SeqDecoder(_EncoderDecoder):
         return {"inputs_embeds": out["inputs_embeds"]}
 
     def _start_step(
-        self, params, encoder_inputs, prompt, seen, keys, sampling, last, history, *, rules,
-        no_repeat,
+        self, params, encoder_inputs, prompt, seen, keys, sampling, last, history, running, *,
+        rules, no_repeat,
     ):  # fmt: skip
-        """Encode, then run the decoder on the prompt."""
+        """Encode, then run the decoder on the prompt; the first token (`_pick`)."""
         self.programs += 1
         encoder_params, first_params, embed_params = params
         hidden, mask = self.encode(encoder_params, encoder_inputs)
@@ -221,10 +223,11 @@ class Seq2SeqDecoder(_EncoderDecoder):
         context = {"encoder_attention_mask": mask, "encoder_hidden_states": hidden}
         context = {k: v for k, v in context.items() if k in self.step.inputs}
         logits = out["logits"][:, -1]
-        if no_repeat:
-            logits = _no_repeat(logits, history, prompt.shape[1], no_repeat)
-        token = choose(logits, seen, 0, keys, sampling, rules, last)
-        return token, present, context
+        picked = _pick(
+            logits, seen, 0, keys, sampling, rules, last, history, prompt.shape[1], no_repeat,
+            running,
+        )  # fmt: skip
+        return picked, present, context
 
     def _next_step(
         self,
@@ -239,15 +242,21 @@ class Seq2SeqDecoder(_EncoderDecoder):
         last,
         history,
         length,
+        order,
+        running,
         *,
         rules,
         no_repeat,
     ):
-        """One token through the with-past decoder: the next token, the grown self-attention
-        past, and the decoder's tokens so far (`length` of them, `token` the last) where
-        n-grams are banned."""
+        """One token through the with-past decoder: the next token (`_pick`), the grown
+        self-attention past, and the decoder's tokens so far (`length` of them, `token` the
+        last) where n-grams are banned. In a beam search `order` is the row each row continues:
+        its past and tokens are that row's."""
         self.programs += 1
         step_params, embed_params = params
+        if order is not None:
+            past = {n: jnp.take(v, order, axis=0) if n in self.own else v for n, v in past.items()}
+            history = None if history is None else jnp.take(history, order, axis=0)
         inputs = {**self._tokens(embed_params, token[:, None]), **past, **context}
         if self.merged:
             inputs["use_cache_branch"] = self._branch[True]
@@ -258,52 +267,57 @@ class Seq2SeqDecoder(_EncoderDecoder):
             history = jax.lax.dynamic_update_slice_in_dim(
                 history, token[:, None].astype(history.dtype), length - 1, axis=1
             )
-            logits = _no_repeat(logits, history, length, no_repeat)
-        return choose(logits, seen, step, keys, sampling, rules, last), grown, history
+        picked = _pick(
+            logits, seen, step, keys, sampling, rules, last, history, length, no_repeat, running
+        )
+        return picked, grown, history
 
     # --- the loop (host) -------------------------------------------------------------------
 
     def _decode(
         self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token, no_repeat
     ):
-        ids = np.tile(np.asarray(prompt, np.int64), (batch, 1))
+        beams = settings.num_beams
+        rows = batch * beams  # a beam search runs each input row as `beams` rows
+        encoder_inputs = _repeated(encoder_inputs, beams)
+        ids = np.tile(np.asarray(prompt, np.int64), (rows, 1))
         # The decoder's tokens, for banning n-grams: the prompt, then each chosen token.
         history = None
         if no_repeat:
-            history = np.zeros((batch, len(prompt) + max_new_tokens), np.int64)
+            history = np.zeros((rows, len(prompt) + max_new_tokens), np.int64)
             history[:, : len(prompt)] = ids
         embed_params = None if self.embed is None else self.embed.params
-        sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
+        sampling, keys, rules = settings.sampling(rows), row_keys(key, rows), settings.rules
         state = {
             "seen": seen_tokens(ids, settings, lambda: vocab_size(self.step)),
             "history": history,
         }
 
-        def first():
+        def first(running=None):
             params = (self.encoder_params(), self.first.params, embed_params)
-            token, present, state["context"] = self._start(
-                params, dict(encoder_inputs), ids, state["seen"], keys, sampling,
-                max_new_tokens == 1, history, rules=rules, no_repeat=no_repeat,
+            found, present, state["context"] = self._start(
+                params, encoder_inputs, ids, state["seen"], keys, sampling, max_new_tokens == 1,
+                history, _device(running), rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
             state["cross"] = {n: present[n] for n in self.cross}
             state["past"] = {n: present[n] for n in self.own}
-            return token
+            return found
 
-        def step(token, index):
+        def step(token, index, order=None, running=None):
+            token, order = jnp.asarray(token), _device(order)
+            if order is not None:
+                state["seen"] = jnp.take(state["seen"], order, axis=0)
             state["seen"] = mark_seen(state["seen"], token)
-            token, state["past"], state["history"] = self._next(
+            found, state["past"], state["history"] = self._next(
                 (self.step.params, embed_params), token, {**state["past"], **state["cross"]},
                 state["context"], state["seen"], jnp.int32(index), keys, sampling,
                 index == max_new_tokens - 1, state["history"], jnp.int32(len(prompt) + index),
-                rules=rules, no_repeat=no_repeat,
+                order, _device(running), rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
-            return token
+            return found
 
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
-            return decode_loop(
-                first, step, batch=batch, max_new_tokens=max_new_tokens, eos=settings.eos,
-                on_token=on_token,
-            )  # fmt: skip
+            return _loop(first, step, batch, max_new_tokens, settings, on_token)
 
 
 class PaddedSeq2SeqDecoder(_EncoderDecoder):
@@ -339,9 +353,10 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
     # --- the steps (traced) ----------------------------------------------------------------
 
     def _start_step(
-        self, params, encoder_inputs, ids, length, seen, keys, sampling, last, *, rules, no_repeat
-    ):
-        """Encode, then choose the first new token after the prompt `ids[:, :length]`."""
+        self, params, encoder_inputs, ids, length, seen, keys, sampling, last, running, *,
+        rules, no_repeat,
+    ):  # fmt: skip
+        """Encode, then the first new token after the prompt `ids[:, :length]` (`_pick`)."""
         self.programs += 1
         encoder_params, decoder_params = params
         hidden = transmuter.run(self.encoder, encoder_inputs, params=encoder_params)
@@ -349,19 +364,21 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         if self.masked:
             context["encoder_attention_mask"] = encoder_inputs.get("attention_mask")
         logits = self._logits(decoder_params, ids, length, context)
-        if no_repeat:
-            logits = _no_repeat(logits, ids, length, no_repeat)
-        return choose(logits, seen, 0, keys, sampling, rules, last), context
+        picked = _pick(
+            logits, seen, 0, keys, sampling, rules, last, ids, length, no_repeat, running
+        )
+        return picked, context
 
     def _next_step(
-        self, params, ids, length, context, seen, step, keys, sampling, last, *, rules, no_repeat
-    ):
-        """The token after `ids[:, :length]`."""
+        self, params, ids, length, context, seen, step, keys, sampling, last, running, *,
+        rules, no_repeat,
+    ):  # fmt: skip
+        """The token after `ids[:, :length]` (`_pick`)."""
         self.programs += 1
         logits = self._logits(params, ids, length, context)
-        if no_repeat:
-            logits = _no_repeat(logits, ids, length, no_repeat)
-        return choose(logits, seen, step, keys, sampling, rules, last)
+        return _pick(
+            logits, seen, step, keys, sampling, rules, last, ids, length, no_repeat, running
+        )
 
     def _logits(self, params, ids, length, context):
         inputs = {"input_ids": ids, **context}
@@ -378,35 +395,39 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
     def _decode(
         self, encoder_inputs, prompt, batch, max_new_tokens, settings, key, on_token, no_repeat
     ):
-        ids = np.zeros((batch, self._bucket(len(prompt))), np.int64)
+        beams = settings.num_beams
+        rows = batch * beams  # a beam search runs each input row as `beams` rows
+        encoder_inputs = _repeated(encoder_inputs, beams)
+        ids = np.zeros((rows, self._bucket(len(prompt))), np.int64)
         ids[:, : len(prompt)] = prompt
-        sampling, keys, rules = settings.sampling(batch), row_keys(key, batch), settings.rules
+        sampling, keys, rules = settings.sampling(rows), row_keys(key, rows), settings.rules
         seen = seen_tokens(ids[:, : len(prompt)], settings, lambda: vocab_size(self.decoder))
         state = {"ids": ids, "seen": seen}
 
-        def first():
+        def first(running=None):
             params = (self.encoder.params, self.decoder.params)
-            token, state["context"] = self._start(
-                params, dict(encoder_inputs), ids, np.int32(len(prompt)), state["seen"], keys,
-                sampling, max_new_tokens == 1, rules=rules, no_repeat=no_repeat,
+            found, state["context"] = self._start(
+                params, encoder_inputs, ids, np.int32(len(prompt)), state["seen"], keys,
+                sampling, max_new_tokens == 1, _device(running), rules=rules,
+                no_repeat=no_repeat,
             )  # fmt: skip
-            return token
+            return found
 
-        def step(token, index):
+        def step(token, index, order=None, running=None):
             length = len(prompt) + index  # the tokens so far, `token` the last
-            state["seen"] = mark_seen(state["seen"], token)
+            if order is not None:
+                state["ids"] = state["ids"][order]
+                state["seen"] = jnp.take(state["seen"], jnp.asarray(order), axis=0)
+            state["seen"] = mark_seen(state["seen"], jnp.asarray(token))
             state["ids"] = self._appended(state["ids"], length - 1, np.asarray(token))
             return self._next(
                 self.decoder.params, state["ids"], np.int32(length), state["context"],
                 state["seen"], jnp.int32(index), keys, sampling, index == max_new_tokens - 1,
-                rules=rules, no_repeat=no_repeat,
+                _device(running), rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
 
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
-            return decode_loop(
-                first, step, batch=batch, max_new_tokens=max_new_tokens, eos=settings.eos,
-                on_token=on_token,
-            )  # fmt: skip
+            return _loop(first, step, batch, max_new_tokens, settings, on_token)
 
     def _bucket(self, length: int) -> int:
         size = pow2(length, MIN_DECODER_BUCKET)
@@ -430,6 +451,59 @@ def seq2seq_decoder(repo: Repo, task: str, decoding: str) -> Seq2SeqDecoder | Pa
     if decoding not in DECODINGS:
         raise InputError(f"decoding must be one of {', '.join(DECODINGS)}; got {decoding!r}")
     return DECODINGS[decoding](repo, task)
+
+
+def _loop(first, step, batch, max_new_tokens, settings: Settings, on_token):
+    """Both decodings' host loop: choice.py's `decode_loop`, or beams.py's `beam_loop` (its
+    `step` gets each row's source row and the beams' scores as well)."""
+    if settings.num_beams == 1:
+        return decode_loop(
+            first, step, batch=batch, max_new_tokens=max_new_tokens, eos=settings.eos,
+            on_token=on_token,
+        )  # fmt: skip
+    search = BeamSearch(
+        batch, settings.num_beams, max_new_tokens, settings.eos, settings.length_penalty,
+        settings.early_stopping,
+    )  # fmt: skip
+    return beam_loop(first, step, search, settings.num_return_sequences)
+
+
+def _repeated(encoder_inputs: Mapping[str, np.ndarray], beams: int) -> dict[str, np.ndarray]:
+    """The encoder's inputs with each row repeated for its beams."""
+    if beams == 1:
+        return dict(encoder_inputs)
+    return {n: np.repeat(v, beams, axis=0) for n, v in encoder_inputs.items()}
+
+
+def _device(value):
+    return None if value is None else jnp.asarray(value)
+
+
+def _pick(logits, seen, step, keys, sampling, rules, last, history, length, no_repeat, running):
+    """(Traced.) The next token of each row (`choose`, after `_no_repeat` where n-grams are
+    banned); in a beam search (`running`: each input row's beams' scores [batch, beams]) each
+    input row's best continuations over its beams instead (`_best_continuations`)."""
+    if running is None:
+        if no_repeat:
+            logits = _no_repeat(logits, history, length, no_repeat)
+        return choose(logits, seen, step, keys, sampling, rules, last)
+    scores = beam_scores(logits, seen, step, sampling, rules, last)
+    if no_repeat:
+        scores = _no_repeat(scores, history, length, no_repeat)
+    return _best_continuations(scores, running, len(rules.eos))
+
+
+def _best_continuations(scores, running, eos_count: int):
+    """Each input row's best continuations over its beams' next-token log-probabilities
+    `scores` [batch * beams, vocabulary] plus the beams' own `running` [batch, beams]: their
+    accumulated scores, the beam each extends and the token, [batch, keep] each, keeping as
+    many as transformers does (beams.py)."""
+    batch, beams = running.shape
+    vocab = scores.shape[-1]
+    total = scores.reshape(batch, beams, vocab) + running[:, :, None]
+    keep = max(2, 1 + eos_count) * beams
+    values, flat = jax.lax.top_k(total.reshape(batch, beams * vocab), keep)
+    return values, flat // vocab, flat % vocab
 
 
 def _no_repeat(logits, history, length, size: int):

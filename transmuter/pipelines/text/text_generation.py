@@ -19,7 +19,7 @@ return_text, return_tensors). An empty prompt starts from bos_token_id, as gener
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -87,6 +87,7 @@ class TextGeneration(Task):
     generator decoded together."""
 
     task = "text-generation"
+    own_defaults: Mapping[str, Any] = {}  # a subclass's options beyond GENERATION_DEFAULTS
 
     def __init__(self, repo: Repo, *, batch_size: int = 8, **options: Any):
         self.repo = repo
@@ -112,7 +113,7 @@ class TextGeneration(Task):
         """The options' defaults (GenerationConfig's, generation_config.json's, the task's
         task_specific_params), updated with the options given."""
         repo = self.repo
-        self.defaults = generation_defaults(repo, self.task)
+        self.defaults = generation_defaults(repo, self.task, self.own_defaults)
         self.defaults.update(stop=(), on_token=None, **more)
         self._check(options)
         self.defaults.update(options)
@@ -452,22 +453,25 @@ class _Watcher:
             self.shown[row] = text
 
 
-def generation_defaults(repo: Repo, task: str) -> dict[str, Any]:
+def generation_defaults(
+    repo: Repo, task: str, more: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The generation options' defaults for `task` on `repo`, as transformers' pipelines build
-    their generation config: GenerationConfig's defaults, then generation_config.json's
-    values, then config.json's task_specific_params[task] (less its "prefix"). Settings that
-    are not options here (beam search's num_beams, length_penalty, ...) are not applied: a
+    their generation config: GenerationConfig's defaults (and the task's `more` options with
+    theirs), then generation_config.json's values, then config.json's
+    task_specific_params[task] (less its "prefix"). Settings that are not options of the task
+    (beam search's num_beams, length_penalty, ... where it has none) are not applied: a
     warning names them, and generation_config.json's num_beams past 1 too."""
     config = repo.generation_config
-    defaults = dict(GENERATION_DEFAULTS)
-    defaults.update({k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None})
+    defaults = {**GENERATION_DEFAULTS, **(more or {})}
+    defaults.update({k: config[k] for k in defaults if config.get(k) is not None})
     defaults["eos_token_id"] = config.get("eos_token_id", repo.config.get("eos_token_id"))
     params = dict((repo.config.get("task_specific_params") or {}).get(task) or {})
     params.pop("prefix", None)
     known = {k: v for k, v in params.items() if k in defaults}
     defaults.update(known)
     ignored = {k for k in set(params) - set(known) if not _inert(k, params[k])}
-    if not _inert("num_beams", config.get("num_beams", 1)):
+    if "num_beams" not in defaults and not _inert("num_beams", config.get("num_beams", 1)):
         ignored.add("num_beams")
     ignored = sorted(ignored)
     if ignored:

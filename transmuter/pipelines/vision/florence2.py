@@ -146,6 +146,7 @@ class Florence2(Text2TextGeneration, ImageTask):
     """
 
     task = "image-text-to-text"
+    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
 
     def __init__(self, repo: Repo, **options: Any):
         self.repo = repo

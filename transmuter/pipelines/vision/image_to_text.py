@@ -40,6 +40,7 @@ class ImageToText(Text2TextGeneration, ImageTask):
     as transformers' pipelines take it (checked; each image's caption does not depend on it)."""
 
     task = "image-to-text"
+    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
 
     def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
         self.repo = repo
