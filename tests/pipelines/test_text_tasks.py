@@ -98,6 +98,35 @@ def test_question_answering_long_context_in_windows(answer):
     check(strided, want["long_strided"])
 
 
+def test_question_answering_align_to_words_false_answers_the_tokens_own_characters(answer):
+    want = expected("bert-qa")
+    question, context = want["question"], want["context"]
+    # "United" is u ##n ##i ##t ##e ##d: aligned, a span inside it widens to the whole word
+    # (and such spans add up); unaligned, each span is its tokens' characters.
+    aligned = answer(question=question, context=context, top_k=4)
+    assert [(a["answer"], a["start"], a["end"]) for a in aligned] == [
+        ("United", 45, 51),
+        ("United Nations", 45, 59),
+        ("the United", 41, 51),
+        ("in London and works for the United", 17, 51),
+    ]
+    unaligned = answer(question=question, context=context, top_k=4, align_to_words=False)
+    assert [(a["answer"], a["start"], a["end"]) for a in unaligned] == [
+        ("Un", 45, 47),
+        ("Unit", 45, 49),
+        ("United Nations", 45, 59),
+        ("United", 45, 51),
+    ]
+    assert [a["score"] for a in unaligned] == pytest.approx(
+        [0.041781, 0.014017, 0.008228, 0.008027], abs=1e-5
+    )
+    # One answer: the best span (transformers' argmax), no candidates to merge.
+    best = answer(question=question, context=context, align_to_words=False)
+    assert (best["answer"], best["score"]) == ("Un", pytest.approx(0.041781, abs=1e-5))
+    with pytest.raises(InputError, match="align_to_words must be True or False"):
+        answer(question=question, context=context, align_to_words="no")
+
+
 def test_question_answering_bad_inputs(answer):
     with pytest.raises(InputError, match=r'\{"question", "context"\} dict'):
         answer({"question": "Where?"})

@@ -163,3 +163,46 @@ def test_a_stride_runs_a_long_text_in_windows_and_a_short_one_alone():
     assert whole[-1]["end"] == len(long.rstrip())  # past the 64 positions one window reads
     assert tag(long)[-1]["end"] < whole[-1]["end"]
     assert tag("john smith", stride=8) == tag("john smith")
+
+
+def test_joined_words_start_after_each_delimiter():
+    assert aggregation.joined(["ann", "lives"], " ") == ("ann lives", [0, 4])
+    assert aggregation.joined(["ann", "", "x.y"], "--") == ("ann----x.y", [0, 5, 7])
+
+
+def test_pre_tokenized_offsets_shift_to_where_their_word_starts():
+    # ["ann", "lives"] encoded with is_pretokenized: each word's offsets start at 0.
+    words = encoding(
+        ["[CLS]", "an", "##n", "lives", "[SEP]"], [(0, 0), (0, 2), (2, 3), (0, 5), (0, 0)]
+    )
+    words.word_ids = [None, 0, 0, 1, None]
+    text, starts = aggregation.joined(["ann", "lives"], "--")
+    found = aggregation.tokens(text, words, SCORES, WORDPIECE, None, "none", word_starts=starts)
+    assert [(t.word, t.start, t.end, t.is_subword) for t in found] == [
+        ("an", 0, 2, False),
+        ("##n", 2, 3, True),
+        ("lives", 5, 10, False),
+    ]
+
+
+def test_split_words_tokenize_as_the_joined_text_and_answer_in_a_list():
+    tag = transmuter.pipeline("token-classification", NER, aggregation_strategy="first")
+    words = ["Ann", "lives", "in", "x.y"]
+    # BERT's pre-tokenizer splits at spaces and punctuation, so the words tokenize as the text.
+    assert tag(words, is_split_into_words=True) == [tag("Ann lives in x.y")]
+    assert tag([words[:2], words[2:]], is_split_into_words=True) == tag(["Ann lives", "in x.y"])
+    dashed = tag(words, is_split_into_words=True, delimiter="--")[0]
+    assert [(e["word"], e["start"], e["end"]) for e in dashed] == [
+        ("ann lives", 0, 10),
+        ("x", 16, 17),
+        (". y", 17, 19),
+    ]
+    assert "Ann--lives--in--x.y"[16:19] == "x.y"
+    with pytest.raises(InputError, match="is_split_into_words=True each input must be"):
+        tag("Ann lives", is_split_into_words=True)
+    with pytest.raises(InputError, match="the inputs must be strings"):
+        tag([words], is_split_into_words=False)
+    with pytest.raises(InputError, match="is_split_into_words must be True or False"):
+        tag(words, is_split_into_words="yes")
+    with pytest.raises(InputError, match="delimiter"):
+        tag("Ann lives", delimiter="-")

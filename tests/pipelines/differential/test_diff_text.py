@@ -19,12 +19,7 @@ REPOS = (
     "text-roberta-features",
 )
 
-REFUSED: dict[str, str] = {
-    "text-bert-ner/split-words": ("no is_split_into_words: pre-tokenized word lists are not taken"),
-    "text-bert-qa/align-false": (
-        "QuestionAnswering has no align_to_words option (spans always widened to whole words)"
-    ),
-}
+REFUSED: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("repo, call", cases(*REPOS, refused=REFUSED))

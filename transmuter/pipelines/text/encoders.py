@@ -106,10 +106,18 @@ class Encoder:
         self._truncating_at: dict[int, Any] = {}
         self._compiled = None
 
-    def encode(self, texts: Sequence[Any], options: Mapping[str, Any] | None = None) -> list[Any]:
+    def encode(
+        self,
+        texts: Sequence[Any],
+        options: Mapping[str, Any] | None = None,
+        *,
+        pretokenized: bool = False,
+    ) -> list[Any]:
         """Each text's tokenizer encoding (truncated to the model's positions); a pair
         {"text", "text_pair"} (a cross-encoder's query and passage, as transformers'
-        text-classification takes them) encodes as the tokenizer's pair template. `options`
+        text-classification takes them) encodes as the tokenizer's pair template; with
+        `pretokenized`, each text is a list of words, each tokenized alone (the encoding's
+        offsets are then within its word, word_ids its word's index). `options`
         are a call's tokenizer keywords (`tokenizer_options`): truncation=True with a
         max_length cuts there (keeping the special tokens); truncation=False refuses a text
         past the model's positions, which transformers' model would fail on."""
@@ -117,7 +125,10 @@ class Encoder:
         tokenizer = self.tokenizer
         if _truncates(options) and options.get("max_length"):
             tokenizer = self._truncating(options["max_length"])
-        encodings = tokenizer.encode_batch([_text_or_pair(t, self.pairs) for t in texts])
+        encodings = tokenizer.encode_batch(
+            [_words(t) if pretokenized else _text_or_pair(t, self.pairs) for t in texts],
+            is_pretokenized=pretokenized,
+        )
         if options.get("truncation") is False:
             for text, encoding in zip(texts, encodings):
                 if encoding.overflowing:
@@ -217,6 +228,15 @@ def _pad_id(repo: Repo, tokenizer: Any) -> int:
         if found is not None:
             return found
     return 0  # masked out: any id in the vocabulary does
+
+
+def _words(item: Any) -> list[str]:
+    """A pre-tokenized text: a list of words (transformers' is_split_into_words)."""
+    if isinstance(item, (list, tuple)) and item and all(isinstance(w, str) for w in item):
+        return list(item)
+    raise InputError(
+        f"with is_split_into_words=True each input must be a non-empty list of words; got {item!r}"
+    )
 
 
 def _text_or_pair(item: Any, pairs: bool) -> str | tuple[str, str]:
@@ -387,7 +407,12 @@ class TokenClassification(Task):
     "first", "average" and "max" join a word's tokens first, into dicts of entity_group, score,
     word, start and end. Entities labeled in `ignore_labels` are left out. With a `stride`, a
     text past the model's positions runs in windows overlapping by `stride` tokens, their
-    entities merged. The three are options here and per call."""
+    entities merged. The three are options here and per call.
+
+    Per call, `is_split_into_words=True` takes pre-tokenized texts: a list of words is one
+    text, a list of such lists several (transformers answers both with a list of answers).
+    Each word is tokenized alone; start and end are offsets into the words joined by
+    `delimiter` (" "), the text transformers slices for the entities."""
 
     def __init__(
         self,
@@ -416,6 +441,17 @@ class TokenClassification(Task):
     def is_item(self, value: Any) -> bool:
         return isinstance(value, str)
 
+    def __call__(self, inputs: Any, **options: Any) -> Any:
+        # transformers takes a list of words (not of lists) as one pre-tokenized text, and
+        # answers it as a list of one answer.
+        if (
+            options.get("is_split_into_words") is True
+            and isinstance(inputs, (list, tuple))
+            and not all(isinstance(item, (list, tuple)) for item in inputs)
+        ):
+            inputs = [inputs]
+        return super().__call__(inputs, **options)
+
     def run_items(
         self,
         items: list,
@@ -424,7 +460,18 @@ class TokenClassification(Task):
         ignore_labels: Sequence[str] | None = None,
         stride: int | None = None,
         batch_size: int | None = None,
+        is_split_into_words: bool = False,
+        delimiter: str | None = None,
     ) -> list:
+        if not isinstance(is_split_into_words, (bool, np.bool_)):
+            raise InputError(
+                f"is_split_into_words must be True or False; got {is_split_into_words!r}"
+            )
+        if delimiter is not None and not (is_split_into_words and isinstance(delimiter, str)):
+            raise InputError(
+                "delimiter (the string between words) is a string, given with "
+                f"is_split_into_words=True; got delimiter={delimiter!r}"
+            )
         if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
             positive_int(batch_size, "batch_size")
         strategy = self.strategy
@@ -432,16 +479,27 @@ class TokenClassification(Task):
             strategy = aggregation.aggregation_strategy(aggregation_strategy)
         ignore = self.ignore if ignore_labels is None else aggregation.ignore_labels(ignore_labels)
         stride = self.stride if stride is None else self._stride(stride, aggregation_strategy)
-        windows = self._windows_of(items, stride)
+        windows = self._windows_of(items, stride, bool(is_split_into_words))
         logits = iter(self.encoder.run([w for text in windows for w in text], "logits"))
         results = []
-        for text, encodings in zip(items, windows):
+        for item, encodings in zip(items, windows):
+            text, word_starts = item, None
+            if is_split_into_words:
+                text, word_starts = aggregation.joined(
+                    item, " " if delimiter is None else delimiter
+                )
             found = []
             for encoding in encodings:
                 scores = softmax(next(logits))
                 labels = id2label(self.encoder.repo.config, scores.shape[-1])
                 tokens = aggregation.tokens(
-                    text, encoding, scores, self.encoder.tokenizer, self.unknown, strategy
+                    text,
+                    encoding,
+                    scores,
+                    self.encoder.tokenizer,
+                    self.unknown,
+                    strategy,
+                    word_starts=word_starts,
                 )
                 found += aggregation.kept(
                     aggregation.entities(tokens, strategy, labels, self.decode), ignore
@@ -449,17 +507,21 @@ class TokenClassification(Task):
             results.append(aggregation.merge_windows(found) if len(encodings) > 1 else found)
         return results
 
-    def _windows_of(self, texts: list, stride: int | None) -> list[list[Any]]:
+    def _windows_of(self, texts: list, stride: int | None, words: bool) -> list[list[Any]]:
         """Each text's encoding, alone; with a stride, each text's windows (transformers'
-        overflowing tokens), by a copy of the tokenizer that cuts them."""
+        overflowing tokens), by a copy of the tokenizer that cuts them. `words`: the texts
+        are lists of words."""
         if stride is None or not self.encoder.limit:
-            return [[encoding] for encoding in self.encoder.encode(texts)]
+            return [[e] for e in self.encoder.encode(texts, pretokenized=words)]
         tokenizer = self._windows.get(stride)
         if tokenizer is None:
             tokenizer = self.encoder.repo.require_tokenizer("token-classification")
             tokenizer.enable_truncation(self.encoder.limit, stride=stride)
             self._windows[stride] = tokenizer
-        encodings = tokenizer.encode_batch([_text_or_pair(text, False) for text in texts])
+        encodings = tokenizer.encode_batch(
+            [_words(t) if words else _text_or_pair(t, False) for t in texts],
+            is_pretokenized=words,
+        )
         return [[encoding, *encoding.overflowing] for encoding in encodings]
 
     def _stride(self, stride: Any, strategy: str | None) -> int | None:

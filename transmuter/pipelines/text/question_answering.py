@@ -35,9 +35,10 @@ class QuestionAnswering(Task):
     of those for several questions. Options, here or per call, as transformers': top_k (1),
     max_answer_len (15 tokens), max_seq_len (tokenizer_config.json's model_max_length, at
     most 384), doc_stride (half of max_seq_len, at most 128), handle_impossible_answer
-    (False: True adds the empty answer with its score), max_question_len (64; taken and
-    unused, as by transformers with a fast tokenizer: a question that leaves no room for the
-    context is an error)."""
+    (False: True adds the empty answer with its score), align_to_words (True: a span widened
+    to the whole words it touches; False: the characters of its own tokens), max_question_len
+    (64; taken and unused, as by transformers with a fast tokenizer: a question that leaves no
+    room for the context is an error)."""
 
     def __init__(self, repo: Repo, *, batch_size: int = 8, **options: Any):
         self.encoder = Encoder(repo, "question-answering", batch_size)
@@ -58,6 +59,7 @@ class QuestionAnswering(Task):
             "doc_stride": None,
             "max_question_len": 64,
             "handle_impossible_answer": False,
+            "align_to_words": True,
             # transformers' per-call batching: checked, answers do not depend on it.
             "batch_size": self.batch_size,
         }
@@ -73,6 +75,10 @@ class QuestionAnswering(Task):
         given = {**self.defaults, **options}
         for name in ("top_k", "max_answer_len", "max_seq_len", "max_question_len", "batch_size"):
             positive_int(given[name], name)
+        if not isinstance(given["align_to_words"], (bool, np.bool_)):
+            raise InputError(
+                f"align_to_words must be True or False; got {given['align_to_words']!r}"
+            )
         limit = self.encoder.limit
         if limit and given["max_seq_len"] > limit:
             raise InputError(
@@ -150,7 +156,7 @@ class QuestionAnswering(Task):
                 given,
             )
             for s, e, score in zip(starts, ends, scores):
-                begin, end = _characters(window, int(s), int(e))
+                begin, end = _characters(window, int(s), int(e), given["align_to_words"])
                 text = context[begin:end]
                 same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
                 if same is not None:
@@ -170,8 +176,8 @@ class QuestionAnswering(Task):
         """transformers' span choice in one window: start and end probabilities softmaxed over
         the context tokens and the first [CLS], the null score (both at position 0) kept if
         lower than `null`, then the best start x end products of spans up to max_answer_len
-        tokens. transformers takes top_k * 2 + 10 candidates (aligning to words may merge
-        some), in numpy's order."""
+        tokens. transformers takes top_k * 2 + 10 candidates when aligning to words (which may
+        merge some), else top_k, in numpy's order (the first best for one)."""
         # Allowed: the context (sequence 1), and [CLS] tokens, the null answer's place.
         allowed = np.array([sid == 1 for sid in window.sequence_ids])
         if self.cls_id is not None:
@@ -184,8 +190,10 @@ class QuestionAnswering(Task):
         outer = start[:, None] * end[None, :]
         candidates = np.tril(np.triu(outer), given["max_answer_len"] - 1)
         flat = candidates.flatten()
-        wanted = given["top_k"] * 2 + 10
-        if len(flat) < wanted:
+        wanted = given["top_k"] * 2 + 10 if given["align_to_words"] else given["top_k"]
+        if wanted == 1:
+            order = np.array([np.argmax(flat)])
+        elif len(flat) < wanted:
             order = np.argsort(-flat)
         else:
             chosen = np.argpartition(-flat, wanted)[:wanted]
@@ -201,10 +209,13 @@ def _softmax_masked(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def _characters(window: Any, start: int, end: int) -> tuple[int, int]:
-    """The character span of tokens start..end in the context, widened to whole words (the
-    word's characters in sequence 1), or the tokens' own offsets where a token belongs to no
-    word (special tokens), as transformers' align_to_words does."""
+def _characters(window: Any, start: int, end: int, align_to_words: bool) -> tuple[int, int]:
+    """The character span of tokens start..end in the context: with `align_to_words`, widened
+    to whole words (the word's characters in sequence 1), or the tokens' own offsets where a
+    token belongs to no word (special tokens), as transformers' align_to_words does; without,
+    the tokens' own offsets."""
+    if not align_to_words:
+        return window.offsets[start][0], window.offsets[end][1]
     first, last = window.token_to_word(start), window.token_to_word(end)
     if first is not None and last is not None:
         begin = window.word_to_chars(first, 1)

@@ -58,6 +58,16 @@ def unknown_id(tokenizer_config: Mapping[str, Any], tokenizer: Any) -> int | Non
     return tokenizer.token_to_id(token) if isinstance(token, str) else None
 
 
+def joined(words: Sequence[str], delimiter: str) -> tuple[str, list[int]]:
+    """A pre-tokenized text as transformers rebuilds it: the words joined by `delimiter`, and
+    where each word starts in it."""
+    starts, at = [], 0
+    for word in words:
+        starts.append(at)
+        at += len(word) + len(delimiter)
+    return delimiter.join(words), starts
+
+
 @dataclass(frozen=True)
 class Token:
     """A token as transformers' gather_pre_entities keeps it: its index in the encoding, its
@@ -79,6 +89,8 @@ def tokens(
     tokenizer: Any,
     unknown: int | None,
     strategy: str,
+    *,
+    word_starts: Sequence[int] | None = None,
 ) -> list[Token]:
     """The encoding's tokens less its special ones, as transformers' gather_pre_entities.
 
@@ -86,7 +98,9 @@ def tokens(
     WordPiece's "##"), a token is a subword where its string is not as long as the text it
     covers; otherwise transformers' fallback: a token is a subword where no space is next to
     its start (and it warns, as transformers does, that words are guessed). An unknown token's
-    word is the text it covers, and it starts a word."""
+    word is the text it covers, and it starts a word. With `word_starts` (a pre-tokenized
+    text's, from `joined`), the encoding's offsets are within each word: shifted by where the
+    token's word starts in `text`."""
     word_aware = bool(getattr(tokenizer.model, "continuing_subword_prefix", None))
     if not word_aware and strategy in WORD_STRATEGIES:
         warnings.warn(
@@ -101,6 +115,9 @@ def tokens(
     ):
         if special:
             continue
+        word_id = encoding.word_ids[index] if word_starts is not None else None
+        if word_id is not None:
+            start, end = start + word_starts[word_id], end + word_starts[word_id]
         covered = text[start:end]
         if encoding.ids[index] == unknown:
             word, is_subword = covered, False
