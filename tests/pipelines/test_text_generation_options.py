@@ -1,7 +1,8 @@
 """text-generation's per-call options as transformers' TextGenerationPipeline takes them, on the
 differential harness's Optimum exports (tests/fixtures/differential/gen-*). The token ids are
 transformers 5.25's answers (greedy) on the same weights: generation_config.json sets
-max_new_tokens=6, model_max_length is 64."""
+max_new_tokens=6, model_max_length is 64. Chats use a tiny template written here; the renderings
+asserted are transformers 5.25 apply_chat_template's for the same templates and messages."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import transmuter
 from transmuter.errors import InputError
+from transmuter.pipelines.text.chat_template import render_chat
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "differential"
 # transformers' generated_token_ids for "This is a test" on gen-gpt2 (8 prompt tokens, 6 new).
@@ -184,3 +186,109 @@ def test_handle_long_generation_hole(gpt2):
         gpt2(LONG, handle_long_generation="hole", max_new_tokens=64)
     with pytest.raises(InputError, match="handle_long_generation must be None or 'hole'"):
         gpt2(LONG, handle_long_generation="cut")
+
+
+# A tiny chat template written here (not a repo's): the special tokens, each message on its line,
+# the assistant's opening where add_generation_prompt.
+TINY_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+CHAT = [{"role": "user", "content": "Hello world!"}]
+PREFILLED = [*CHAT, {"role": "assistant", "content": "How are"}]
+
+
+def test_chat_templates_render_as_transformers_applies_them():
+    config = {"chat_template": TINY_TEMPLATE, "bos_token": {"content": "<s>"}}
+    assert render_chat(config, CHAT) == "<s>[user] Hello world!\n"
+    assert render_chat(config, CHAT, add_generation_prompt=True) == (
+        "<s>[user] Hello world!\n[assistant]"
+    )
+    # continue_final_message: the text stops right after the last message's content, also
+    # where the template strips it (then at its stripped end).
+    assert render_chat(config, PREFILLED, continue_final_message=True) == (
+        "<s>[user] Hello world!\n[assistant] How are"
+    )
+    trimmed = {"chat_template": "{% for m in messages %}<{{ m.content | trim }}>{% endfor %}"}
+    spaced = [{"role": "assistant", "content": "How are "}]
+    assert render_chat(trimmed, spaced, continue_final_message=True) == "<How are"
+    # named templates: "default"; a {% generation %} block renders its body; unset special
+    # tokens are undefined (empty), not "None".
+    named = {"chat_template": [{"name": "default", "template": "{{ eos_token }}{% generation %}"
+                                "{{ messages[0].content }}{% endgeneration %}"}]}  # fmt: skip
+    assert render_chat(named, CHAT) == "Hello world!"
+
+
+@pytest.mark.parametrize(
+    "config, messages, options, match",
+    [
+        ({}, CHAT, {}, "has no chat_template"),
+        ({"chat_template": TINY_TEMPLATE}, [], {}, "non-empty list"),
+        ({"chat_template": TINY_TEMPLATE}, [{"role": "user"}], {}, "message 0 .* has no 'content'"),
+        ({"chat_template": TINY_TEMPLATE}, [*CHAT, {"role": 1, "content": "x"}], {},
+         "message 1 .* non-string 'role'"),
+        ({"chat_template": TINY_TEMPLATE}, [*CHAT, "hi"], {}, "message 1 .* not a"),
+        ({"chat_template": "{{ raise_exception('roles must alternate') }}"}, CHAT, {},
+         "refused the messages: roles must alternate"),
+        ({"chat_template": "{% for %}"}, CHAT, {}, "does not parse"),
+        ({"chat_template": TINY_TEMPLATE}, CHAT,
+         {"add_generation_prompt": True, "continue_final_message": True}, "cannot both"),
+        ({"chat_template": "{% for m in messages[:-1] %}{{ m.content }}{% endfor %}"}, PREFILLED,
+         {"continue_final_message": True}, "drops part of the final message"),
+    ],
+)  # fmt: skip
+def test_bad_chats_and_templates_are_input_errors(config, messages, options, match):
+    with pytest.raises(InputError, match=match):
+        render_chat(config, messages, **options)
+
+
+def test_chats_render_tokenize_and_answer_as_transformers(gpt2, tmp_path):
+    tiny = transmuter.pipeline(
+        "text-generation",
+        _copy(tmp_path, "gen-gpt2", tokenizer_config={"chat_template": TINY_TEMPLATE}),
+    )
+    # A chat ending with the user's message: a new assistant message; the prompt is the
+    # rendered text tokenized without special tokens (the template writes them).
+    opened = "<|endoftext|>[user] Hello world!\n[assistant]"  # bos_token, as the template writes
+    (answer,) = tiny(CHAT)
+    new = gpt2(opened, add_special_tokens=False, return_full_text=False)[0]["generated_text"]
+    assert answer == {"generated_text": [*CHAT, {"role": "assistant", "content": new}]}
+    assert tiny(CHAT, return_tensors=True) == gpt2(
+        opened, add_special_tokens=False, return_tensors=True
+    )
+    assert tiny(CHAT, return_full_text=False) == [{"generated_text": new}]
+    # Ending with the assistant's: its content continued (continue_final_message's default),
+    # or a new message after it where continue_final_message=False.
+    prefix = "<|endoftext|>[user] Hello world!\n[assistant] How are"
+    more = gpt2(prefix, return_full_text=False)[0]["generated_text"]
+    assert tiny(PREFILLED) == [
+        {"generated_text": [*CHAT, {"role": "assistant", "content": "How are" + more}]}
+    ]
+    after = gpt2(prefix + "\n[assistant]", return_full_text=False)[0]["generated_text"]
+    assert tiny(PREFILLED, continue_final_message=False) == [
+        {"generated_text": [*PREFILLED, {"role": "assistant", "content": after}]}
+    ]
+    # A list of chats (and of chats and strings) answers each; so does a generator of chats.
+    assert tiny([CHAT, PREFILLED]) == [tiny(CHAT), tiny(PREFILLED)]
+    assert tiny(["Hello", CHAT]) == [gpt2("Hello"), tiny(CHAT)]
+    assert list(tiny(iter([CHAT, PREFILLED]))) == [tiny(CHAT), tiny(PREFILLED)]
+
+
+def test_malformed_chats_are_input_errors(tmp_path):
+    tiny = transmuter.pipeline(
+        "text-generation",
+        _copy(tmp_path, "gen-gpt2", tokenizer_config={"chat_template": TINY_TEMPLATE}),
+    )
+    with pytest.raises(InputError, match="message 0 of the chat has no 'content'"):
+        tiny([{"role": "user"}])
+    with pytest.raises(InputError, match="content parts are not taken"):
+        tiny([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    with pytest.raises(InputError, match="message 1 of the chat is not a"):
+        tiny([[*CHAT, "hi"]])
+    with pytest.raises(InputError, match="continue_final_message must be True or False"):
+        tiny(CHAT, continue_final_message="yes")
+    with pytest.raises(InputError, match=r"a chat \(a list of"):
+        tiny([CHAT, 3])
+    gpt2 = transmuter.pipeline("text-generation", FIXTURES / "gen-gpt2")
+    with pytest.raises(InputError, match="has no chat_template"):
+        gpt2(CHAT)

@@ -1,73 +1,32 @@
 """Chat templates and stop strings, as OpenAI's endpoints need them.
 
-A repository's chat template (tokenizer_config.json's `chat_template`) renders with Jinja in a
-sandbox with transformers' settings: trim_blocks, lstrip_blocks, the loop-controls extension,
-`raise_exception`, a `tojson` that keeps non-ASCII, the messages, `add_generation_prompt=True`
-and the special tokens (bos_token, eos_token, ...) as strings.
+A repository's chat template (tokenizer_config.json's `chat_template`) renders as the pipelines
+render it (pipelines/text/chat_template.py: Jinja in a sandbox with transformers' settings), with
+`add_generation_prompt=True`; a bad chat or a template that refuses it is a 400 on "messages".
 Part of `transmuter serve`: `pip install transmuter[serve]`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from transmuter.errors import InputError
+from transmuter.pipelines.text import chat_template
 from transmuter.serving.api import ApiError
-
-_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
 
 def render_chat(tokenizer_config: dict, messages: Any) -> str:
     """The prompt text for `messages` ([{"role", "content"}]) by the repo's chat template."""
-    template = tokenizer_config.get("chat_template")
-    if isinstance(template, list):  # named templates: transformers uses "default"
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if not template:
+    if chat_template.template_of(tokenizer_config) is None:
         raise ApiError(400, "this model's tokenizer_config.json has no chat_template: use "
                        "/v1/completions", param="messages")  # fmt: skip
-    _check_messages(messages)
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    environment.globals["raise_exception"] = _raise
-    environment.filters["tojson"] = lambda x, indent=None: json.dumps(
-        x, ensure_ascii=False, indent=indent
-    )
-    special = {name: _content(tokenizer_config.get(name)) for name in _SPECIAL}
-    try:
-        return environment.from_string(template).render(
-            messages=messages, add_generation_prompt=True, **special
-        )
-    except jinja2.TemplateError as error:
-        raise ApiError(400, f"the chat template refused the messages: {error}",
-                       param="messages") from None  # fmt: skip
-
-
-def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-    for i, message in enumerate(messages):
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
-            raise ApiError(400, f"'messages'[{i}] must have a string 'role' and 'content' "
-                           "(content parts are not accepted)", param="messages")  # fmt: skip
-
-
-def _raise(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _content(token: Any) -> str | None:
-    """A special token as tokenizer_config.json gives it: a string or an AddedToken dict."""
-    return token.get("content") if isinstance(token, dict) else token
+    try:
+        return chat_template.render_chat(tokenizer_config, messages, add_generation_prompt=True)
+    except InputError as error:
+        raise ApiError(400, str(error), param="messages") from None
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

@@ -15,10 +15,6 @@ REFUSED: dict[str, str] = {
     "gen-qwen2/stop-sequence": "stop_sequence here holds U+FFFD (a word of a byte-level answer cut inside a character): transmuter matches stop strings on the decoded text, where the replacement character appears, and stops; transformers' stop_strings match the tokens' own strings, which never hold it, so it runs on",
     "gen-gpt2/batch-size": "kept: transformers refuses batch_size > 1 where the tokenizer has no pad token (its tokenizer pads the batch); transmuter pads inside the decoder with a masked id and answers, as it answers a list at the pipeline's batch_size",
     "gen-phi3/stop-sequence": "stop_sequence here holds U+FFFD (a word of a byte-level answer cut inside a character): transmuter matches stop strings on the decoded text, where the replacement character appears, and stops; transformers' stop_strings match the tokens' own strings, which never hold it, so it runs on",
-    "gen-qwen2/chat": "chat messages (role/content dicts through tokenizer_config.json's chat_template) are not supported",
-    "gen-qwen2/chat-list": "chat messages are not supported (no chat template rendering)",
-    "gen-qwen2/chat-generation-prompt": "chat messages are not supported (no chat template rendering)",
-    "gen-qwen2/chat-continue-false": "chat messages and continue_final_message are not supported",
 }
 
 

@@ -14,6 +14,12 @@ text-generation's own options (PROMPT_OPTIONS) are transformers' TextGenerationP
 prompt is tokenized (prefix, add_special_tokens, padding, truncation with max_length as the
 tokenizer's limit, handle_long_generation="hole") and what is answered (return_full_text,
 return_text, return_tensors). An empty prompt starts from bos_token_id, as generate() starts it.
+
+A chat (a list of {"role", "content"} messages) is a prompt too, as transformers takes it:
+rendered by tokenizer_config.json's chat_template (text/chat_template.py), tokenized without
+adding special tokens (the template writes them), and answered as the chat with the reply
+appended: a new assistant message, or, where continue_final_message (default: the last message
+is the assistant's), the last message's content continued.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.base import Task, positive_int
 from transmuter.pipelines.generation.decoder import Decoder, Settings, warn_exact
 from transmuter.pipelines.repo import Repo
+from transmuter.pipelines.text.chat_template import check_chat, is_chat, render_chat
 
 # A decoder that takes its past, in order of preference: merged (one file serves the prompt and
 # the steps), then Optimum's with-past file, then a model.onnx with past inputs.
@@ -48,7 +55,8 @@ GENERATION_DEFAULTS = {
 }
 # text-generation's own options and their defaults (transformers' TextGenerationPipeline's;
 # not options of the encoder-decoder tasks built on this class). None: the tokenizer's own
-# special tokens, no padding or truncation asked, and the full text answered.
+# special tokens, no padding or truncation asked, the full text answered, and a chat's last
+# message continued where it is the assistant's.
 PROMPT_OPTIONS = {
     "prefix": "",
     "add_special_tokens": None,
@@ -58,6 +66,7 @@ PROMPT_OPTIONS = {
     "return_full_text": None,
     "return_text": None,
     "return_tensors": None,
+    "continue_final_message": None,
 }
 # The tokenizer options' values that change nothing for one prompt at a time (prompts are
 # left-padded to their batch's longest, the padding masked, whatever `padding` says).
@@ -72,7 +81,9 @@ DEFAULT_NEW_TOKENS = 20
 
 class TextGeneration(Task):
     """Continue prompts: a prompt gives [{"generated_text"}], a list of prompts a list of them,
-    a generator of prompts a generator of them. Options, given here or per call:
+    a generator of prompts a generator of them. A prompt is a string or a chat (a list of
+    {"role", "content"} messages, rendered by the repo's chat template), whose
+    "generated_text" is the chat with the reply appended. Options, given here or per call:
     max_new_tokens, max_length, min_new_tokens, min_length, do_sample, temperature, top_k,
     top_p, repetition_penalty, no_repeat_ngram_size, eos_token_id (an id or a list; default
     generation_config.json's), stop (strings that end a row once generated; stop_sequence is
@@ -81,7 +92,9 @@ class TextGeneration(Task):
     padding, truncation (with max_length, also the tokenizer's limit where given here or per
     call, as transformers passes it), handle_long_generation ("hole": the prompt's start cut so
     that it and the new tokens fit tokenizer_config.json's model_max_length), return_full_text
-    (default True), return_text, return_tensors ({"generated_token_ids": prompt and new ids});
+    (default True), return_text, return_tensors ({"generated_token_ids": prompt and new ids}),
+    continue_final_message (a chat's reply continues its last message instead of opening a new
+    assistant message; default: where that message is the assistant's);
     per call also key (a jax.random key; by default each call draws a new one from seed 0) and
     batch_size (checked; answers do not depend on it). `batch_size`: the prompts of a
     generator decoded together."""
@@ -143,18 +156,20 @@ class TextGeneration(Task):
         return self.decoder.programs
 
     def is_item(self, value: Any) -> bool:
-        return isinstance(value, str)
+        return isinstance(value, str) or is_chat(value)
 
     def describe_items(self) -> str:
-        return "give a prompt string, a list of them or a generator of them"
+        return (
+            'give a prompt string, a chat (a list of {"role", "content"} messages), a list of '
+            "either or a generator of them"
+        )
 
     def run_items(
         self, items: list, *, key: Any = None, batch_size: Any = None, **options: Any
     ) -> list:
-        if not all(isinstance(p, str) for p in items):
-            raise InputError(
-                f"{self.describe_items()} (chat messages are not supported); got {items!r}"
-            )
+        wrong = next((p for p in items if not (isinstance(p, str) or is_chat(p))), None)
+        if wrong is not None:
+            raise InputError(f"{self.describe_items()}; got {wrong!r} among the prompts")
         if batch_size is not None:  # transformers' per-call batching; answers do not depend on it
             positive_int(batch_size, "batch_size")
         if "stop_sequence" in options:  # transformers' name for stop strings
@@ -175,14 +190,17 @@ class TextGeneration(Task):
         # prefix) before them.
         texts = [self._text([*p[start:], *row]) for p, start, row in zip(prompts, starts, rows)]
         if answer == "full":
-            texts = [item + text for item, text in zip(items, texts)]
+            given = self._in_force(options)
+            texts = [_full(item, text, given) for item, text in zip(items, texts)]
         return [[{"generated_text": text}] for text in texts]
 
     def _prompts(
-        self, items: list[str], options: dict[str, Any]
+        self, items: list, options: dict[str, Any]
     ) -> tuple[list[list[int]], list[int], int]:
         """Each prompt's token ids as transformers' preprocess makes them, where its answer's
-        text starts among them, and the prefix's length (which a max_length does not count)."""
+        text starts among them, and the prefix's length (which a max_length does not count).
+        A chat is rendered by the chat template and tokenized without special tokens (the
+        template writes them; transformers ignores add_special_tokens and the prefix there)."""
         given = self._in_force(options)
         prefix = given["prefix"]
         if not isinstance(prefix, str):
@@ -194,15 +212,17 @@ class TextGeneration(Task):
         prefix_length = (
             len(tokenizer.encode(prefix, add_special_tokens=bool(special)).ids) if prefix else 0
         )
+        texts = [
+            (prefix + item, special is not False) if isinstance(item, str)
+            else (self._render(item, given), False)
+            for item in items
+        ]  # fmt: skip
         limit = self._truncation(given, options.get("max_length"))
         try:
             if limit is not None:
                 side = self.repo.tokenizer_config.get("truncation_side", "right")
                 tokenizer.enable_truncation(limit, direction=side)
-            prompts = [
-                tokenizer.encode(prefix + item, add_special_tokens=special is not False).ids
-                for item in items
-            ]
+            prompts = [tokenizer.encode(text, add_special_tokens=adds).ids for text, adds in texts]
         except Exception as error:  # the tokenizers library's: a limit below its special tokens
             raise InputError(f"truncation to max_length={limit} failed: {error}") from None
         finally:
@@ -219,6 +239,17 @@ class TextGeneration(Task):
             bos = self._bos_id()
             prompts = [p or [bos] for p in prompts]
         return prompts, starts, prefix_length
+
+    def _render(self, chat: Any, given: dict[str, Any]) -> str:
+        """A chat's prompt text: the template's opening of a new assistant message after it,
+        or its last message left open to be continued."""
+        continues = _continues(chat, given)
+        return render_chat(
+            self.repo.tokenizer_config,
+            chat,
+            add_generation_prompt=not continues,
+            continue_final_message=continues,
+        )
 
     def _truncation(self, given: dict[str, Any], call_max_length: Any) -> int | None:
         """The tokens a prompt is cut to, as transformers' tokenizers decide: where truncation
@@ -498,6 +529,26 @@ def _flag(options: dict[str, Any], name: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InputError(f"{name} must be True or False; got {value!r}")
     return value
+
+
+def _continues(chat: Any, given: dict[str, Any]) -> bool:
+    """Whether the reply continues the chat's last message (continue_final_message; by
+    default where that message is the assistant's, as transformers decides)."""
+    messages = check_chat(chat)
+    continues = _flag(given, "continue_final_message")
+    return messages[-1]["role"] == "assistant" if continues is None else continues
+
+
+def _full(item: Any, text: str, given: dict[str, Any]) -> Any:
+    """The full answer of a prompt: its text and the new text, or a chat with the new text
+    as a new assistant message or appended to its last message's content."""
+    if isinstance(item, str):
+        return item + text
+    messages = [dict(m) for m in item]
+    if _continues(item, given):
+        last = messages.pop()
+        return [*messages, {"role": last["role"], "content": last["content"] + text}]
+    return [*messages, {"role": "assistant", "content": text}]
 
 
 def _return_type(options: dict[str, Any]) -> str | None:
