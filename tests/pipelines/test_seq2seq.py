@@ -1,6 +1,6 @@
 """text2text-generation (T5, BART) and automatic-speech-recognition (Whisper) against
-transformers' greedy generate() (num_beams=1: the text tasks default to 4 beams, as
-transformers' pipelines), recorded by tests/fixtures/make_pipelines.py at 40 tokens with
+transformers' greedy generate() (num_beams=1: the tasks default to 4 beams, Whisper's to 5,
+as transformers' pipelines), recorded by tests/fixtures/make_pipelines.py at 40 tokens with
 min_new_tokens=40, and the number of programs each decoding compiles. decoding="past" compiles
 a program per step the first time (Optimum's exports take no self-attention mask), so it is
 compared on the first few tokens and "padded", the same tokens through bucketed programs, on
@@ -187,7 +187,8 @@ def test_a_text_past_learned_positions_is_refused_or_truncated(bart_padded):
 
 @pytest.fixture(scope="module")
 def whisper():
-    return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper")
+    # Greedy, as recorded (the task's default is transformers' 5 beams).
+    return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper", num_beams=1)
 
 
 def test_log_mel_is_whisper_feature_extractors(whisper):
@@ -228,7 +229,9 @@ def test_whisper_transcribes_waveforms(whisper):
 
 @pytest.fixture(scope="module")
 def whisper_padded():
-    return transmuter.pipeline("automatic-speech-recognition", REPOS / "whisper", decoding="padded")
+    return transmuter.pipeline(
+        "automatic-speech-recognition", REPOS / "whisper", decoding="padded", num_beams=1
+    )
 
 
 # "batch" is "single"'s waveform and another; "french" is single's with another prompt.

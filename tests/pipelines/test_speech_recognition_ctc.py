@@ -111,10 +111,15 @@ def test_whisper_max_length_counts_after_the_prompt(whisper):
 def test_whisper_generate_kwargs_and_num_beams(whisper):
     wave = np.zeros(8000, np.float32)
     plain = whisper(wave, max_new_tokens=2)
+    assert whisper.defaults["num_beams"] == 5  # transformers' ASR pipeline's default
     assert whisper(wave, generate_kwargs={"max_new_tokens": 2}) == plain
-    assert whisper(wave, generate_kwargs={"max_new_tokens": 2, "num_beams": 1}) == plain
-    with pytest.raises(InputError, match="beam search"):
-        whisper(wave, num_beams=4)
+    assert whisper(wave, generate_kwargs={"max_new_tokens": 2, "num_beams": 5}) == plain
+    greedy = whisper(wave, generate_kwargs={"max_new_tokens": 2, "num_beams": 1})
+    assert greedy == whisper(wave, max_new_tokens=2, num_beams=1)
+    with pytest.raises(InputError, match="num_beams must be an integer"):
+        whisper(wave, num_beams=0)
+    with pytest.raises(InputError, match=r"has no option \['num_return_sequences'\]"):
+        whisper(wave, num_return_sequences=2)
     with pytest.raises(InputError, match="both"):
         whisper(wave, max_new_tokens=2, generate_kwargs={"max_new_tokens": 3})
     with pytest.raises(InputError, match="generate_kwargs must be a dict"):

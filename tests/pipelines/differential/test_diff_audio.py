@@ -26,10 +26,6 @@ _NO_TIMESTAMPS = (
     "<|notimestamps|>; return_timestamps is not an option)"
 )
 REFUSED: dict[str, str] = {
-    "audio-whisper/num-beams": (
-        "beam search is missing in transmuter/pipelines/generation/ (num_beams=5 is an "
-        "InputError); transformers 5's ASR pipeline uses it by default for Whisper"
-    ),
     "audio-whisper/long-without-chunking": (
         "audio past Whisper's window without chunk_length_s: transformers decodes it "
         "sequentially, window after window, seeking by the predicted timestamps; transmuter "

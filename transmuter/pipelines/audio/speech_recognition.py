@@ -30,7 +30,9 @@ from transmuter.pipelines.text.text2text_generation import Text2TextGeneration
 class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
     """Transcribe (or translate) 1-D float waveforms at the preprocessor's sampling rate
     (numpy arrays, or {"array"/"raw", "sampling_rate"} dicts), one, a list or a generator.
-    Greedy by default; the options are text2text-generation's, and `language` ("en",
+    Beam search with 5 beams by default (where generation_config.json sets no num_beams), as
+    transformers' pipeline decodes Whisper; num_beams=1 is greedy. The options are
+    text2text-generation's (less num_return_sequences), and `language` ("en",
     "<|en|>") and `task` ("transcribe", "translate") choose Whisper's prompt tokens (default
     generation_config.json's forced_decoder_ids); `chunk_length_s` and `stride_length_s` (a
     number or [left, right]) transcribe audio longer than Whisper's window in overlapping
@@ -38,7 +40,8 @@ class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
     <|notimestamps|>."""
 
     task = "automatic-speech-recognition"
-    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
+    # transformers' ASR pipeline's default: 5 beams, as OpenAI's Whisper; one text a waveform.
+    own_defaults = {"num_beams": 5, "length_penalty": 1.0, "early_stopping": False}
 
     def __new__(cls, repo: Repo, **options: Any):
         # One task name, two kinds of model, as in transformers: an export without an
@@ -60,7 +63,7 @@ class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
     ):
         self._load(repo, decoding, batch_size, ["input_features"])  # Whisper's encoder
         self.features = repo.preprocessor_config
-        options = _beams_checked(_with_generate_kwargs(options, generate_kwargs))
+        options = _with_generate_kwargs(options, generate_kwargs)
         self._set_defaults(
             options,
             language=None,
@@ -81,7 +84,7 @@ class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
         generate_kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> list:
-        options = _beams_checked(_with_generate_kwargs(options, generate_kwargs))
+        options = _with_generate_kwargs(options, generate_kwargs)
         batch_size = (
             self.batch_size if batch_size is None else positive_int(batch_size, "batch_size")
         )
@@ -208,23 +211,6 @@ class AutomaticSpeechRecognition(WaveformItems, Text2TextGeneration):
 
 
 _CHUNKING = ("chunk_length_s", "stride_length_s")
-
-
-def _beams_checked(options: dict[str, Any]) -> dict[str, Any]:
-    """`options` less num_beams, which may only be 1 (greedy or sampling): beam search is not
-    implemented. transformers 5's pipeline beam-searches Whisper with 5 beams where
-    generation_config.json sets no num_beams; pass num_beams=1 there to get its greedy
-    answer, which is this task's."""
-    if "num_beams" not in options:
-        return options
-    options = dict(options)
-    beams = options.pop("num_beams")
-    if beams != 1 or isinstance(beams, bool):
-        raise InputError(
-            f"num_beams={beams!r}: beam search is not implemented; give num_beams=1 (greedy, "
-            "or sampling with do_sample=True)"
-        )
-    return options
 
 
 def _with_generate_kwargs(

@@ -189,7 +189,7 @@ class Text2TextGeneration(TextGeneration):
         max_new, settings = self._lengths(given, len(prompt))
         self._check_length(len(prompt) + max_new)
         settings = seq2seq_settings(self.repo, settings, len(prompt))
-        if self.own_defaults is BEAM_DEFAULTS:
+        if "num_beams" in self.own_defaults:
             settings = beam_settings(given, settings)
         if callable(encoder_inputs):
             encoder_inputs = encoder_inputs(settings)
@@ -320,7 +320,7 @@ def beam_settings(given: Mapping[str, Any], settings: Settings) -> Settings:
     takes them: num_return_sequences up to num_beams, and no sampling, streaming or stop
     strings with beams."""
     beams = positive_int(given["num_beams"], "num_beams")
-    count = positive_int(given["num_return_sequences"], "num_return_sequences")
+    count = positive_int(given.get("num_return_sequences", 1), "num_return_sequences")
     if count > beams:
         raise InputError(
             f"num_return_sequences={count} needs at least as many beams; got num_beams={beams}"
