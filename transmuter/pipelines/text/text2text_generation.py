@@ -7,6 +7,7 @@ same with the task's prefix from config.json's task_specific_params ("summarize:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -128,11 +129,8 @@ class Text2TextGeneration(TextGeneration):
         """Each text's token ids after the task's prefix; with `truncation` cut at the
         tokenizer's model_max_length (its special tokens kept), else refused past an encoder's
         learned position table (transformers' model fails there with an IndexError)."""
-        tokenizer = self.tokenizer
         limit = self.repo.max_length()
-        if truncation and limit:
-            tokenizer = self.repo.require_tokenizer(self.task)
-            tokenizer.enable_truncation(limit)
+        tokenizer = self._truncating if truncation and limit else self.tokenizer
         rows = [e.ids for e in tokenizer.encode_batch([self.prefix + t for t in texts])]
         positions = self.repo.config.get("max_position_embeddings")
         for text, row in zip(texts, rows):
@@ -142,6 +140,13 @@ class Text2TextGeneration(TextGeneration):
                     f"positions: pass truncation=True to cut it at {limit}"
                 )
         return rows
+
+    @functools.cached_property
+    def _truncating(self) -> Any:
+        """A copy of the tokenizer that cuts at the repo's max_length (made once)."""
+        tokenizer = self.repo.require_tokenizer(self.task)
+        tokenizer.enable_truncation(self.repo.max_length())
+        return tokenizer
 
     def _token_ids(self, rows: list[list[int]], each: int) -> list[dict[str, list[int]]]:
         """Each answer's ids as transformers' generate() returns them: the decoder's start,
