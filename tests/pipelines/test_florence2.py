@@ -1,7 +1,7 @@
 """image-text-to-text with Florence-2 (make_florence2.py's tiny random-weight model in
 onnx-community's four-part layout) against transformers: Florence2Processor's prompts and
-pixel values, greedy generate()'s tokens (no_repeat_ngram_size=3 as the repo asks), and
-post_process_generation's parsing, of generated texts and of fixed ones a trained model
+pixel values, greedy generate()'s tokens (no_repeat_ngram_size=3 as the repo asks; num_beams=1
+asked for, where the repo's default is 3 beams), and post_process_generation's parsing, of generated texts and of fixed ones a trained model
 writes. Decoding compiles a program per step ("past" decoding) for each batch size, so the full
 12-token comparisons are slow-marked, all on batches of the two images (whose programs they
 share), and the quick ones stop at 4 tokens."""
@@ -28,7 +28,8 @@ EOS = 2  # generation_config.json's forced_eos_token_id
 
 @pytest.fixture(scope="module")
 def florence():
-    return transmuter.pipeline("image-text-to-text", REPO, max_new_tokens=12)
+    # Greedy, as the expected tokens were made; the repo's default is 3 beams (test_beams_*).
+    return transmuter.pipeline("image-text-to-text", REPO, max_new_tokens=12, num_beams=1)
 
 
 def images() -> list[np.ndarray]:
@@ -147,8 +148,10 @@ def test_bad_inputs(florence):
         florence([image, image], text=["<OD>"])
     with pytest.raises(InputError, match="must be the whole prompt"):
         florence(image, text="<OD> cars")
-    with pytest.raises(InputError, match="beam search"):
-        florence(image, text="<OD>", num_beams=3)
+    with pytest.raises(InputError, match=r"has no option \['num_return_sequences'\]"):
+        florence(image, text="<OD>", num_return_sequences=2)
+    with pytest.raises(InputError, match="cannot be combined with"):
+        florence(image, text="<OD>", num_beams=3, do_sample=True)
     with pytest.raises(InputError, match="height, width, channels"):
         florence(np.zeros((8, 8), np.uint8), text="<OD>")
     with pytest.raises(InputError, match="non-empty list"):
@@ -157,9 +160,18 @@ def test_bad_inputs(florence):
         florence(image, text="<OD>", beams=2)
 
 
+def test_beams_default_to_generation_configs():
+    """generation_config.json's num_beams=3, early_stopping and no_repeat_ngram_size are the
+    defaults, as transformers' generate() takes them (the differential harness replays
+    transformers' beam-searched answers)."""
+    defaults = transmuter.pipeline("image-text-to-text", REPO).defaults
+    assert (defaults["num_beams"], defaults["early_stopping"]) == (3, True)
+    assert defaults["no_repeat_ngram_size"] == 3
+
+
 def test_image_to_text_hands_florence2_to_the_caption_task():
     caption = transmuter.pipeline("image-to-text", REPO)
-    assert isinstance(caption, Florence2Captioner)
+    assert isinstance(caption, Florence2Captioner) and caption.defaults["num_beams"] == 3
     with pytest.raises(InputError, match=r"has no option \['decoding'\]"):
         transmuter.pipeline("image-to-text", REPO, decoding="padded")
 
@@ -200,7 +212,7 @@ def test_a_batch_of_different_prompts(florence, tmp_path):
 
 @pytest.mark.slow
 def test_image_to_text_captions_are_transformers(florence):
-    caption = transmuter.pipeline("image-to-text", REPO, max_new_tokens=12)
+    caption = transmuter.pipeline("image-to-text", REPO, max_new_tokens=12, num_beams=1)
     # The same repo's decoder as `florence`'s, whose compiled programs it takes over: what is
     # the captioner's own is its prompt and its text without special tokens.
     caption.decoder = florence.decoder

@@ -19,15 +19,17 @@ from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.text_generation import TextGeneration
 
-# Beam search's options (generation/beams.py) and their defaults: transformers' GenerationConfig
-# defaults, but 4 beams, transformers' text2text-generation, summarization and translation
-# pipelines' own default where generation_config.json sets no num_beams.
-BEAM_DEFAULTS = {
-    "num_beams": 4,
+# Beam search's options (generation/beams.py) and transformers' GenerationConfig defaults for
+# them: one beam, greedy, unless generation_config.json or task_specific_params give num_beams.
+GREEDY_DEFAULTS = {
+    "num_beams": 1,
     "num_return_sequences": 1,
     "length_penalty": 1.0,
     "early_stopping": False,
 }
+# transformers' text2text-generation, summarization and translation pipelines' own default:
+# 4 beams where generation_config.json sets no num_beams.
+BEAM_DEFAULTS = {**GREEDY_DEFAULTS, "num_beams": 4}
 
 
 class Text2TextGeneration(TextGeneration):
@@ -111,9 +113,8 @@ class Text2TextGeneration(TextGeneration):
                 raise InputError(f"{name} must be True or False; got {value!r}")
         encoded = self._encode(items, bool(truncation))
         rows = self.generate(encoded, key=key, **options)
-        each = len(rows) // len(items)  # num_return_sequences
         if return_tensors:
-            answers = self._token_ids(rows, each)
+            answers = self._token_ids(rows, len(rows) // len(items))
         else:
             if clean_up_tokenization_spaces is None:
                 clean_up_tokenization_spaces = bool(
@@ -123,7 +124,7 @@ class Text2TextGeneration(TextGeneration):
             if clean_up_tokenization_spaces:
                 texts = [clean_up_tokenization(t) for t in texts]
             answers = [{self.output_key: t} for t in texts]
-        return [answers[i : i + each] for i in range(0, len(answers), each)]
+        return grouped(answers, len(items))
 
     def _encode(self, texts: list[str], truncation: bool) -> list[list[int]]:
         """Each text's token ids after the task's prefix; with `truncation` cut at the
@@ -194,8 +195,7 @@ class Text2TextGeneration(TextGeneration):
         max_new, settings = self._lengths(given, len(prompt))
         self._check_length(len(prompt) + max_new)
         settings = seq2seq_settings(self.repo, settings, len(prompt))
-        if "num_beams" in self.own_defaults:
-            settings = beam_settings(given, settings)
+        settings = beam_settings(given, settings)
         if callable(encoder_inputs):
             encoder_inputs = encoder_inputs(settings)
         return self._streamed(
@@ -308,6 +308,12 @@ def task_prefix(repo: Repo, task: str) -> str:
     if not isinstance(prefix, str):
         raise ModelLoadError(f"{repo.source}: the {task} prefix must be a string; got {prefix!r}")
     return prefix
+
+
+def grouped(answers: list[Any], items: int) -> list[list[Any]]:
+    """The answers of `items` inputs, num_return_sequences each in order, as a list per input."""
+    each = len(answers) // items
+    return [answers[i : i + each] for i in range(0, len(answers), each)]
 
 
 def start_tokens(repo: Repo) -> list[int]:

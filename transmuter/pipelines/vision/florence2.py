@@ -35,6 +35,7 @@ from transmuter.pipelines.base import Task, per_item, positive_int
 from transmuter.pipelines.generation.seq2seq import Seq2SeqDecoder
 from transmuter.pipelines.repo import Repo, read_json
 from transmuter.pipelines.text.text2text_generation import (
+    GREEDY_DEFAULTS,
     Text2TextGeneration,
     start_tokens,
 )
@@ -139,14 +140,14 @@ class Florence2(Text2TextGeneration, ImageTask):
     "polygons_labels"} (open-vocabulary detection); coordinates in pixels of the original
     image, as integers. The task key is the task token, or the whole text for a free prompt.
 
-    Options are text2text-generation's, plus no_repeat_ngram_size (generation_config.json's by
-    default) and num_beams. Decoding is greedy by default (or sampled): Florence-2's
-    generation_config.json asks for beam search (num_beams=3), which is not implemented, so a
-    request for num_beams > 1 is an error and the repo's num_beams is not followed.
+    Options are text2text-generation's, less num_return_sequences (one parsed answer per
+    image); no_repeat_ngram_size, num_beams and early_stopping default to
+    generation_config.json's, as transformers' generate() takes them: Florence-2's asks for
+    beam search with 3 beams. num_beams=1 decodes greedily (or samples, with do_sample=True).
     """
 
     task = "image-text-to-text"
-    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
+    own_defaults = {k: v for k, v in GREEDY_DEFAULTS.items() if k != "num_return_sequences"}
 
     def __init__(self, repo: Repo, **options: Any):
         self.repo = repo
@@ -180,7 +181,7 @@ class Florence2(Text2TextGeneration, ImageTask):
         ngrams = repo.generation_config.get(
             "no_repeat_ngram_size", text_config.get("no_repeat_ngram_size")
         )
-        self._set_defaults(options, num_beams=1, no_repeat_ngram_size=ngrams or 0)
+        self._set_defaults(options, no_repeat_ngram_size=ngrams or 0)
 
     # The item and the call are the image task's, not text2text-generation's.
     def is_item(self, value: Any) -> bool:
@@ -248,12 +249,6 @@ class Florence2(Text2TextGeneration, ImageTask):
     ) -> list[list[int]]:
         """The new token ids for each image (pixel values [batch, 3, h, w]) and prompt (token
         ids), up to and including its end of sequence token."""
-        beams = {**self.defaults, **options}.get("num_beams")
-        if beams != 1:
-            raise InputError(
-                f"num_beams={beams}: beam search is not implemented; Florence-2 decodes "
-                "greedily here (num_beams=1), or samples with do_sample=True"
-            )
         return self.decode(
             lambda settings: {**_padded(prompts, self._pad_id(settings)), "pixel_values": pixels},
             start_tokens(self.repo),

@@ -16,7 +16,9 @@ from transmuter.pipelines.base import Task
 from transmuter.pipelines.generation.seq2seq import seq2seq_decoder
 from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.text.text2text_generation import (
+    GREEDY_DEFAULTS,
     Text2TextGeneration,
+    grouped,
     start_tokens,
 )
 from transmuter.pipelines.vision.florence2 import Florence2Captioner, call_options
@@ -35,12 +37,14 @@ def image_to_text(repo: Repo, **options: Any) -> Any:
 
 class ImageToText(Text2TextGeneration, ImageTask):
     """Caption images (paths, Pillow images or numpy arrays; one, a list or a generator): a
-    list of one {"generated_text"} per image. Greedy by default; the options are
-    text2text-generation's, per call also inside `generate_kwargs` (a dict), and `batch_size`
-    as transformers' pipelines take it (checked; each image's caption does not depend on it)."""
+    list of {"generated_text"} per image, one unless num_return_sequences asks for more. The
+    options are text2text-generation's, per call also inside `generate_kwargs` (a dict), and
+    `batch_size` as transformers' pipelines take it (checked; each image's caption does not
+    depend on it). Greedy unless generation_config.json or the call gives num_beams > 1 (beam
+    search), as transformers' image-to-text pipeline, which adds no default of its own."""
 
     task = "image-to-text"
-    own_defaults = {}  # no beam search options: it decodes greedily (or samples)
+    own_defaults = GREEDY_DEFAULTS
 
     def __init__(self, repo: Repo, *, decoding: str = "past", **options: Any):
         self.repo = repo
@@ -72,7 +76,7 @@ class ImageToText(Text2TextGeneration, ImageTask):
     def run_items(self, items: list, *, key: Any = None, **options: Any) -> list:
         pixels = np.stack([preprocess(image, self.images) for image in items])
         rows = self.generate(pixels, key=key, **options)
-        return [[{"generated_text": self._text(row)}] for row in rows]
+        return grouped([{"generated_text": self._text(row)} for row in rows], len(items))
 
     def generate(self, pixels: np.ndarray, *, key: Any = None, **options: Any):
         """The new token ids of each image's caption, from pixel values [batch, 3, h, w]."""
