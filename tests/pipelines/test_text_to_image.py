@@ -8,6 +8,7 @@ scheduler, size, batch and image-to-image is marked slow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -21,6 +22,7 @@ from PIL import Image
 
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
+from transmuter.pipelines.diffusion import text_to_image
 from transmuter.pipelines.diffusion.text_to_image import load_diffusion_repo
 
 REPO = REPOS / "tiny-sd"
@@ -263,3 +265,30 @@ def test_without_guidance_the_batch_is_one(repo, arrays):
 def test_image_to_image_matches_diffusers(repo, arrays, name):
     pipe = transmuter.pipeline("text-to-image", repo, scheduler=CASES[name]["scheduler"])
     check(pipe, name, arrays)
+
+
+def test_progress_and_the_compile_notice(repo, capsys, monkeypatch):
+    """progress=True shows a bar of the steps, counted from inside the one program; a call
+    that compiles says what on stderr if it runs past the notice's limit, and a cached
+    program's call says nothing."""
+    said = []
+
+    @contextlib.contextmanager
+    def recording(describe, after=None):
+        yield
+        said.append(describe())
+
+    monkeypatch.setattr(text_to_image, "slow_compile", recording)
+    pipe = transmuter.pipeline("text-to-image", repo)
+    options = dict(num_inference_steps=3, height=16, width=16, seed=3, output_type="np")
+    shown = pipe("a cat", progress=True, **options)
+    assert "3/3" in capsys.readouterr().err
+    again = pipe("a cat", progress=True, **options)
+    assert "3/3" in capsys.readouterr().err
+    assert said == ["the text-to-image loop: 3 steps, latents [1, 4, 8, 8]", None]
+    quiet = pipe("a cat", progress=False, **options)
+    assert "3/3" not in capsys.readouterr().err
+    np.testing.assert_array_equal(shown[0], again[0])
+    np.testing.assert_allclose(shown[0], quiet[0], atol=1e-6)  # the bar changes nothing
+    with pytest.raises(InputError, match="progress must be True, False or None"):
+        pipe("a cat", progress="yes", **options)

@@ -114,6 +114,23 @@ def test_long_inputs_are_split_at_sentence_ends(speak):
     )
 
 
+def test_a_long_input_shows_a_bar_of_its_chunks(speak, capsys):
+    sentence = "ðə kwɪk bɹaʊn fɑks dʒʌmps oʊvəɹ ðə leɪzi dɔɡ!"
+    fits = (510 + 1) // (len(sentence) + 1)
+    long = " ".join([sentence] * (fits + 2))  # two chunks
+    shown = speak(long, phonemes=True, progress=True)
+    assert "2/2" in capsys.readouterr().err
+    quiet = speak(long, phonemes=True, progress=False)
+    short = speak(sentence, phonemes=True)  # one chunk: no bar unless asked for
+    assert "/" not in capsys.readouterr().err
+    speak(sentence, phonemes=True, progress=True)
+    assert "1/1" in capsys.readouterr().err
+    np.testing.assert_array_equal(shown["audio"], quiet["audio"])
+    assert short["audio"].size > 0
+    with pytest.raises(InputError, match="progress must be True, False or None"):
+        speak(sentence, phonemes=True, progress=1)
+
+
 def test_bad_inputs_name_what_is_wrong(speak):
     with pytest.raises(InputError, match=r"\['X', 'Ω'\]"):
         speak("aXbΩ", phonemes=True)

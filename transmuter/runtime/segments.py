@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax._src import util as jax_util  # JAX's staging caches have no public handle of their own
 
-from transmuter import ir, telemetry
+from transmuter import compile_notice, ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
@@ -262,7 +262,13 @@ class SegmentRunner:
             found["host"] = {n: v for n, v in produced.items() if is_host(v)}
             return {n: v for n, v in produced.items() if not is_host(v)}
 
-        with telemetry.span("transmuter.segment.compile", metadata) as span:
+        fixed = self.reads(start)[0]
+        varying = {n: v for n, v in device_args.items() if n not in fixed}
+        what = f"{self.model.source} from node {start} for {compile_notice.shapes(varying)}"
+        with (
+            telemetry.span("transmuter.segment.compile", metadata) as span,
+            compile_notice.slow_compile(lambda: what),
+        ):
             # Timed apart: tracing is our graph walk, lowering JAX's, compiling XLA's.
             began = time.perf_counter()
             traced = jax.jit(_checked(program) if self.checks else program).trace(device_args, key)

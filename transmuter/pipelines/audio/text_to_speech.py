@@ -10,7 +10,8 @@ by misaki (Kokoro's grapheme-to-phoneme package, the `tts` extra), American or B
 by the voice name's first letter. The style vector is the voice pack's row len(phonemes) - 1,
 clipped to the pack, as the `kokoro` package's KPipeline picks it (kokoro-onnx and kokoro-js
 take the next row). Inputs over 510 tokens are split at sentence ends (. ! ? ;) and the audio
-joined.
+joined; `progress` shows a bar of the chunks (None: where stderr is a terminal and the input
+has more than one; False: never; True: always).
 
 Buckets (transmuter/frontend/graph_edits.py edits the graph before loading): the token count
 becomes an input (`take_token_count`), so the token ids are padded with 0s to 32, 128 or 512
@@ -36,6 +37,7 @@ token, 0s included, chunks joined}: transformers' text-to-audio keys, plus the d
 
 from __future__ import annotations
 
+import contextlib
 import re
 import wave
 from collections.abc import Mapping
@@ -49,6 +51,7 @@ from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
 from transmuter.frontend.graph_edits import DURATIONS_OUTPUT, TOKEN_COUNT_INPUT, load_speech_model
 from transmuter.pipelines.base import Task
+from transmuter.pipelines.progress import progress_bar
 from transmuter.pipelines.repo import Repo
 
 SAMPLING_RATE = 24000
@@ -108,22 +111,31 @@ class TextToSpeech(Task):
         phonemes: bool = False,
         voice: str | Mapping[str, float] | None = None,
         speed: float | None = None,
+        progress: bool | None = None,
     ) -> list:
-        return [self._speak_text(i, phonemes, voice, speed) for i in items]
+        return [self._speak_text(i, phonemes, voice, speed, progress) for i in items]
 
-    def _speak_text(self, inputs: Any, phonemes: bool, voice: Any, speed: float | None):
+    def _speak_text(
+        self, inputs: Any, phonemes: bool, voice: Any, speed: float | None, progress: bool | None
+    ):
         if not isinstance(inputs, str):
             raise InputError(f"text-to-speech takes a string or a list of them, not {inputs!r}")
         voice = self.voice if voice is None else voice
         pack = self._voice(voice)
         text = inputs if phonemes else to_phonemes(inputs, voice)
         audio, durations = [], []
-        for chunk in split_sentences(text):
-            ids = self._ids(chunk)
-            style = pack[min(max(len(ids) - 1, 0), len(pack) - 1)]
-            wave_, frames = self._speak(ids, style, self.speed if speed is None else speed)
-            audio.append(wave_)
-            durations.append(frames)
+        chunks = split_sentences(text)
+        # A bar of the chunks for a long input (progress=True: for any input).
+        bar = progress_bar(len(chunks), progress if len(chunks) > 1 or progress else False)
+        with bar if bar is not None else contextlib.nullcontext():
+            for chunk in chunks:
+                ids = self._ids(chunk)
+                style = pack[min(max(len(ids) - 1, 0), len(pack) - 1)]
+                wave_, frames = self._speak(ids, style, self.speed if speed is None else speed)
+                audio.append(wave_)
+                durations.append(frames)
+                if bar is not None:
+                    bar.update(1)
         return {
             "audio": np.concatenate(audio) if audio else np.zeros(0, np.float32),
             "sampling_rate": SAMPLING_RATE,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import transmuter
+from transmuter.compile_notice import slow_compile
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.frontend import hub
 from transmuter.pipelines.base import Task, choice
 from transmuter.pipelines.diffusion.schedulers import Scheduler, make_scheduler
+from transmuter.pipelines.progress import progress_bar
 from transmuter.pipelines.repo import Repo, json_file
 from transmuter.pipelines.vision.processors import load_image
 
@@ -184,8 +185,9 @@ class TextToImage(Task):
     (then latents is the noise added; diffusers' img2img has no guidance_rescale, the same
     step applies here), output_type ("pil": a list of Pillow images; "np": float32
     [n, height, width, 3] in [0, 1]), callback (called as callback(step, timestep,
-    latents) after each step, from inside the compiled loop). A tqdm bar shows the steps when
-    stderr is a terminal."""
+    latents) after each step, from inside the compiled loop) and progress (a tqdm bar of the
+    steps, reported from inside the loop: None shows it where stderr is a terminal, False
+    never, True always)."""
 
     task = "text-to-image"
     load_repo = staticmethod(load_diffusion_repo)  # `pipeline()` reads its repos with this
@@ -287,6 +289,7 @@ class TextToImage(Task):
         strength: float | None = None,
         output_type: str = "pil",
         callback: Callable[[int, float, np.ndarray], Any] | None = None,
+        progress: bool | None = None,
     ) -> list:
         """Each prompt's images (the Serving contract: one result per prompt)."""
         choice(output_type, "output_type", ("pil", "np"))
@@ -316,6 +319,7 @@ class TextToImage(Task):
             image_noise,
             float(guidance_scale),
             callback,
+            progress,
         )
         per_prompt = images.shape[0] // len(items)
         groups = [images[i * per_prompt : (i + 1) * per_prompt] for i in range(len(items))]
@@ -445,31 +449,35 @@ class TextToImage(Task):
             encode=request.pixels is not None,
         )
 
-    def _run(self, request, tables, latents, step_noise, image_noise, guidance, callback):
-        report = "callback" if callback is not None else ("bar" if _terminal() else None)
+    def _run(self, request, tables, latents, step_noise, image_noise, guidance, callback, progress):
         self._callback = callback
-        if report == "bar":
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=request.steps - request.begin)
+        if callback is None:
+            self._bar = progress_bar(request.steps - request.begin, progress)
+        report = "callback" if callback is not None else ("bar" if self._bar is not None else None)
+        compiled = self.compiles
+        what = (
+            f"the text-to-image loop: {request.steps - request.begin} steps, latents "
+            f"{list(request.shape)}"
+        )
         try:
-            images = self._program(
-                self._params(request.pixels is not None),
-                request.ids.astype(_dtype(self.text_encoder, "input_ids")),
-                jnp.asarray(latents),
-                step_noise,
-                image_noise,
-                None if request.pixels is None else jnp.asarray(request.pixels),
-                {k: jnp.asarray(_single(v)) for k, v in tables.items()},
-                jnp.float32(self.scheduler.init_noise_sigma(tables)),
-                jnp.float32(guidance),
-                jnp.float32(request.rescale),
-                jnp.int32(request.begin),
-                guided=request.guided,
-                rescaled=request.rescale > 0,
-                report=report,
-                encode=request.pixels is not None,
-            )
+            with slow_compile(lambda: what if self.compiles > compiled else None):
+                images = self._program(
+                    self._params(request.pixels is not None),
+                    request.ids.astype(_dtype(self.text_encoder, "input_ids")),
+                    jnp.asarray(latents),
+                    step_noise,
+                    image_noise,
+                    None if request.pixels is None else jnp.asarray(request.pixels),
+                    {k: jnp.asarray(_single(v)) for k, v in tables.items()},
+                    jnp.float32(self.scheduler.init_noise_sigma(tables)),
+                    jnp.float32(guidance),
+                    jnp.float32(request.rescale),
+                    jnp.int32(request.begin),
+                    guided=request.guided,
+                    rescaled=request.rescale > 0,
+                    report=report,
+                    encode=request.pixels is not None,
+                )
             return np.asarray(images)
         finally:
             if self._bar is not None:
@@ -617,12 +625,3 @@ def _texts(value: Any, name: str) -> list[str]:
 def _dtype(model: transmuter.Model, name: str) -> np.dtype:
     spec = model.input_specs[name]
     return np.dtype(getattr(spec, "dtype", np.float32))
-
-
-def _terminal() -> bool:
-    """Whether a progress bar can be shown: stderr is a terminal and tqdm is installed."""
-    try:
-        import tqdm  # noqa: F401
-    except ImportError:
-        return False
-    return sys.stderr.isatty()
