@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 NOTICE_AFTER_S = 5.0
+# A segment after a graph break may read hundreds of tensors; the notice names the first few.
+SHAPES_SHOWN = 4
 
 
 @contextlib.contextmanager
@@ -47,11 +49,14 @@ def slow_compile(describe: Callable[[], str | None], after: float | None = None)
 
 
 def shapes(arrays: Mapping[str, Any]) -> str:
-    """`name: dtype[d0, d1]` for each array (anything with .shape and .dtype), comma-separated."""
-    return ", ".join(
+    """`name: dtype[d0, d1]` for the first SHAPES_SHOWN arrays (anything with .shape and
+    .dtype), comma-separated, and how many more there are."""
+    named = [
         f"{name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}"
-        for name, value in arrays.items()
-    )
+        for name, value in list(arrays.items())[:SHAPES_SHOWN]
+    ]
+    more = len(arrays) - SHAPES_SHOWN
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
 
 
 def _say(line: str) -> None:

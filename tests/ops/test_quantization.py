@@ -566,28 +566,56 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
         *CONV_CASES,
         ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
         ((2, 3, 50), (4, 3, 7), {"pads": [3, 3]}),
-        # 700 channels x 7 taps: past the 4112 terms float32 sums exactly, so two chunks.
+        # 700 channels x 7 taps x 255 x 255: sums past 2^24 and 2^31 / 255 per term.
         ((1, 700, 12), (3, 700, 7), {"pads": [3, 3]}),
         ((1, 1400, 12), (4, 700, 7), {"group": 2}),
+        ((1, 3, 2), (2, 3, 5), {}),  # a kernel wider than x: no output positions
+    ],
+)
+@pytest.mark.parametrize(
+    "types,zeros",
+    [
+        ((np.uint8, np.uint8), "scalar"),
+        ((np.uint8, np.int8), "per filter"),
+        ((np.int8, np.uint8), None),
+        ((np.int8, np.int8), "scalar"),
     ],
 )
 @pytest.mark.parametrize("extreme", [False, True])
-def test_conv_by_float32_equals_xla_conv(x_shape, w_shape, attrs, extreme, rng):
-    # How CPU runs ConvInteger and QLinearConv; `extreme` puts every term near the largest
-    # magnitude (255 * +-[240, 255], one sign per filter), where float32 rounding shows first.
-    from transmuter.lowering.ops.quantization import _conv_by_float32
+def test_conv_by_int8_dot_equals_xla_conv(x_shape, w_shape, attrs, types, zeros, extreme, rng):
+    # How CPU runs ConvInteger and QLinearConv: int8 dots over x's patches, exact in int32.
+    # `extreme` puts every term at the largest magnitude (x - zx = +-255, w - zw = +-255, one
+    # sign per filter), where a float or narrower sum would show first.
+    from transmuter.lowering.ops.quantization import _conv_by_int8_dot
 
+    x_type, w_type = types
+    x_info, w_info = ml_dtypes.iinfo(x_type), ml_dtypes.iinfo(w_type)
     if extreme:
-        x = np.full(x_shape, 255, np.int32)
-        sign = np.where(np.arange(w_shape[0]) % 2, 1, -1).reshape(-1, *(1,) * (len(w_shape) - 1))
-        w = (sign * rng.integers(240, 256, w_shape)).astype(np.int32)
+        odd = np.arange(w_shape[0]) % 2 == 1
+        x = np.full(x_shape, x_info.max, x_type)
+        zx = np.array(x_info.min, x_type)
+        top = np.where(odd, w_info.max, w_info.min).astype(w_type)
+        w = np.broadcast_to(top.reshape(-1, *(1,) * (len(w_shape) - 1)), w_shape).copy()
+        zw = np.where(odd, w_info.min, w_info.max).astype(w_type)
     else:
-        x = rng.integers(-255, 256, x_shape).astype(np.int32)
-        w = rng.integers(-255, 256, w_shape).astype(np.int32)
+        x, w = rand_int(rng, x_type, x_shape), rand_int(rng, w_type, w_shape)
+        zx = rand_int(rng, x_type, ())
+        zw = rand_int(rng, w_type, (w_shape[0],))
+    if zeros is None:
+        zx_arg = zw_arg = None
+        zx, zw = np.zeros((), x_type), np.zeros(w_shape[0], w_type)
+    elif zeros == "scalar":
+        zw = np.full(w_shape[0], zw[0], w_type)
+        zx_arg, zw_arg = jnp.asarray(zx), jnp.asarray(zw[0])
+    else:
+        zx_arg = jnp.asarray(zx)
+        zw_arg = jnp.asarray(zw).reshape(-1, *(1,) * (len(w_shape) - 1))
     group = attrs.get("group", 1)
-    strides, dilations, pads, want = window_and_xla_conv(x, w, attrs)
-    got = jax.jit(_conv_by_float32, static_argnums=(2, 3, 4, 5))(
-        jnp.asarray(x), jnp.asarray(w), strides, dilations, pads, group
+    shifted_x = x.astype(np.int32) - zx.astype(np.int32)
+    shifted_w = w.astype(np.int32) - zw.astype(np.int32).reshape(-1, *(1,) * (len(w_shape) - 1))
+    strides, dilations, pads, want = window_and_xla_conv(shifted_x, shifted_w, attrs)
+    got = jax.jit(_conv_by_int8_dot, static_argnums=(4, 5, 6, 7))(
+        jnp.asarray(x), jnp.asarray(w), zx_arg, zw_arg, strides, dilations, pads, group
     )
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -858,3 +886,17 @@ def test_dynamic_bias_quantization_is_bit_exact(rng):
     scale = (x.max() - min(x.min(), 0)) / np.float32(255) * w_scale
     assert (bias / scale != bias * (np.float32(1) / scale)).any()  # where a reciprocal misleads
     _assert_bit_exact(model, {"x": x})
+
+
+@pytest.mark.parametrize("op_type", ["ConvInteger", "QLinearConv"])
+def test_integer_convolutions_refuse_wider_integers(op_type):
+    # The spec's types are 8-bit only; a wider X would otherwise be read as uint8.
+    from transmuter.lowering.ops.quantization import conv_integer, qlinear_conv
+
+    x, w = np.zeros((1, 1, 4), np.int16), np.zeros((1, 1, 3), np.int8)
+    with pytest.raises(ValueError, match=f"{op_type}: X must be int8 or uint8, got int16"):
+        if op_type == "ConvInteger":
+            conv_integer(x, w)
+        else:
+            one, zero = np.float32(1), np.int8(0)
+            qlinear_conv(x, one, zero, w, one, zero, one, zero)

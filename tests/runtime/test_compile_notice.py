@@ -72,3 +72,18 @@ def test_a_segment_names_its_model_and_input_shapes(monkeypatch, tmp_path):
         f"{path} from node 0 for x: float32[2, 3]",
         f"{path} from node 0 for x: float32[5, 3]",
     ]
+
+
+def test_many_inputs_are_named_up_to_a_few_and_counted():
+    # A segment after a graph break can read hundreds of tensors (the real Kokoro's decoder
+    # half reads 178): the line names the first few and counts the rest.
+    arrays = {
+        f"t{i}": np.zeros((1, i + 1), np.float32) for i in range(compile_notice.SHAPES_SHOWN + 3)
+    }
+    assert compile_notice.shapes(arrays) == (
+        "t0: float32[1, 1], t1: float32[1, 2], t2: float32[1, 3], t3: float32[1, 4] and 3 more"
+    )
+    assert (
+        compile_notice.shapes(dict(list(arrays.items())[:2]))
+        == "t0: float32[1, 1], t1: float32[1, 2]"
+    )

@@ -484,4 +484,6 @@ def load_speech_model(
         warnings.warn(f"{path}: {error}; each token count compiles its own programs", stacklevel=2)
         real_tokens = None
     pad_durations(proto, frames, real_tokens)
-    return transmuter.load(proto)
+    model = transmuter.load(proto)
+    model.source = f"{path} (edited)"  # what its compile notices and errors name
+    return model

@@ -264,7 +264,8 @@ class SegmentRunner:
 
         fixed = self.reads(start)[0]
         varying = {n: v for n, v in device_args.items() if n not in fixed}
-        what = f"{self.model.source} from node {start} for {compile_notice.shapes(varying)}"
+        source = self.model.source or "a model from memory"
+        what = f"{source} from node {start} for {compile_notice.shapes(varying)}"
         with (
             telemetry.span("transmuter.segment.compile", metadata) as span,
             compile_notice.slow_compile(lambda: what),
