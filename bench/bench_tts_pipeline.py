@@ -13,10 +13,11 @@ Two repos in onnx-community's layout:
 
 Phonemes are drawn from the repo's vocabulary with spaces, seeded; the voice is one pack, its row
 chosen by length as the pipeline does. The pipeline pads token ids to 32/128/512 and frames to
-powers of two (transmuter/pipelines/audio/text_to_speech.py). A cold pass over the sentences counts
-the programs Transmuter compiles (telemetry) and times the first result and the pass; a warm
-pass then runs each sentence with Transmuter and with ORT (1 intra-op thread, then 2; each
-sentence at its own length, unpadded), in turn, and sums their times.
+FRAME_BUCKETS, half an octave apart (transmuter/pipelines/audio/text_to_speech.py). A cold pass
+over the sentences counts the programs Transmuter compiles (telemetry) and times the first
+result and the pass; a warm pass then runs each sentence with Transmuter and with ORT (1
+intra-op thread, then 2; each sentence at its own length, unpadded), in turn, and sums their
+times.
 """
 
 from __future__ import annotations

@@ -16,16 +16,16 @@ has more than one; False: never; True: always).
 Buckets (transmuter/frontend/graph_edits.py edits the graph before loading): the token count
 becomes an input (`take_token_count`), so the token ids are padded with 0s to 32, 128 or 512
 tokens and the padding changes nothing the real tokens get (masks, LSTM sequence_lens, zero
-durations); the frames' total is padded (on the last real token) to a power of two from 64
-frames (1.6 s), with the instance norms and convolutions after the durations made to see only
-the real frames (`pad_durations`). So a program before the graph's data-dependent break per
-token bucket, and one after it per (token bucket, frame bucket): on 50 sentences of random
-lengths about 8 programs, where exact lengths compiled about two per token count (99 for 47
-counts). The cost: the vocoder runs on up to twice the frames (1.5x over bench_tts_pipeline.py's
-sentences). The padded frames' samples are cut from what is returned; the convolutions near the
-end saw them, so the last few hundred samples differ from the unpadded graph's. A graph that
-does not mask its tokens as Kokoro's export does is run with a warning and a program per token
-count.
+durations); the frames' total is padded (on the last real token) to FRAME_BUCKETS (from 64
+frames, 1.6 s, half an octave apart), with the instance norms and convolutions after the
+durations made to see only the real frames (`pad_durations`). So a program before the graph's
+data-dependent break per token bucket, and one after it per (token bucket, frame bucket): on 50
+sentences of random lengths 11 programs (8 with powers of two), where exact lengths compiled
+about two per token count (99 for 47 counts). The cost: the vocoder runs on up to 1.5x the
+frames (1.23x over bench_tts_pipeline.py's sentences; 1.51x with powers of two). The padded
+frames' samples are cut from what is returned; the convolutions near the end saw them, so the
+last few hundred samples differ from the unpadded graph's. A graph that does not mask its tokens
+as Kokoro's export does is run with a warning and a program per token count.
 
 `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where the exported
 pattern gives -pi: the audio then matches torch's, which the voices were trained with
@@ -57,7 +57,10 @@ from transmuter.pipelines.repo import Repo
 SAMPLING_RATE = 24000
 FRAME_SAMPLES = 600  # Kokoro: one duration frame is 600 samples (25 ms)
 TOKEN_BUCKETS = (32, 128, 512)  # token ids padded to these (Kokoro's context is 512)
-FRAME_BUCKETS = tuple(64 * 2**k for k in range(10))  # durations' total: 64 frames (1.6 s) up
+# The durations' total, padded to these: 64 frames (1.6 s) up to 32768, half an octave apart
+# (64, 96, 128, 192, ...), so the vocoder runs on at most 1.5x the real frames (powers of two:
+# 2x; the real Kokoro's 89-token sentence of 257 frames: 8.4 s a call at 512, 5.9 s at 384).
+FRAME_BUCKETS = tuple(sorted({64 * 2**k for k in range(10)} | {96 * 2**k for k in range(9)}))
 STYLE_SIZE = 256
 MAX_PHONEMES = 510  # Kokoro's context of 512 less the two 0s
 SENTENCE_END = re.compile(r"(?<=[.!?;])\s*")
