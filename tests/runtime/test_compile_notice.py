@@ -76,7 +76,7 @@ def test_a_segment_names_its_model_and_input_shapes(monkeypatch, tmp_path):
 
 def test_many_inputs_are_named_up_to_a_few_and_counted():
     # A segment after a graph break can read hundreds of tensors (the real Kokoro's decoder
-    # half reads 178): the line names the first few and counts the rest.
+    # half reads 148): the line names the first few and counts the rest.
     arrays = {
         f"t{i}": np.zeros((1, i + 1), np.float32) for i in range(compile_notice.SHAPES_SHOWN + 3)
     }
