@@ -111,7 +111,7 @@ def nudge_embeddings(proto: onnx.ModelProto, seed: int) -> None:
     """The BERT's input embeddings moved by 1e-6 relative, each channel up or down (seeded).
     The style nudge never reaches the BERT, where Transmuter's float rounding first differs
     from ORT's, so it understates how far ORT moves when its own rounding moves at 1e-6 (the
-    durations before rounding move 10-20x more under this nudge)."""
+    durations before rounding move 12-54x more under this nudge)."""
     graph = proto.graph
     width = next(t.dims[1] for t in graph.initializer if "word_embeddings" in t.name)
     signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(1, 1, width))

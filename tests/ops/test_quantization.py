@@ -566,7 +566,7 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
         *CONV_CASES,
         ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
         ((2, 3, 50), (4, 3, 7), {"pads": [3, 3]}),
-        # 700 channels x 7 taps x 255 x 255: sums past 2^24 and 2^31 / 255 per term.
+        # 700 channels x 7 taps of up to 255 x 255: sums past 2^24 (float32's exact integers).
         ((1, 700, 12), (3, 700, 7), {"pads": [3, 3]}),
         ((1, 1400, 12), (4, 700, 7), {"group": 2}),
         ((1, 3, 2), (2, 3, 5), {}),  # a kernel wider than x: no output positions
@@ -578,6 +578,7 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
         ((np.uint8, np.uint8), "scalar"),
         ((np.uint8, np.int8), "per filter"),
         ((np.int8, np.uint8), None),
+        ((np.uint8, np.uint8), None),  # x pads with uint8's 0, int8's -128
         ((np.int8, np.int8), "scalar"),
     ],
 )

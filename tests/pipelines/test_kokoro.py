@@ -130,7 +130,7 @@ def test_pipeline_speaks_as_the_kokoro_package(speak):
 
 def test_token_counts_in_a_bucket_share_their_programs(speak):
     """Five phoneme strings of 12 to 20 tokens (token bucket 32) and 67 to 93 frames (frame
-    bucket 128) compile two programs at most, both on the first."""
+    bucket 96) compile two programs at most, both on the first."""
     texts = [PHONEMES["long"][:k] for k in (10, 12, 14, 16, 18)]
     compiled = []
 
@@ -145,7 +145,8 @@ def test_token_counts_in_a_bucket_share_their_programs(speak):
     finally:
         transmuter.telemetry.detach("kokoro-test")
     frames = [int(out["durations"].sum()) for out in [first, *rest]]
-    assert all(64 < f <= 128 for f in frames) and len(set(frames)) > 1
+    buckets = {next(b for b in FRAME_BUCKETS if b >= f) for f in frames}
+    assert buckets == {96} and len(set(frames)) > 1
     assert on_first <= 2 and sum(compiled) == on_first
 
 

@@ -535,6 +535,27 @@ def _conv_window(op_type, x, w, kernel_shape, group, strides, dilations, pads, a
     return strides, dilations, pad_pairs
 
 
+def _tap_windows(x, kernel, strides, dilations):
+    """The output's spatial sizes over padded x (spatial dims last) and, for each kernel tap in
+    W's row-major order, (tap, the strided window of x that the tap multiplies); no windows
+    when the kernel leaves no output positions."""
+    rank = len(kernel)
+    lead, sizes = x.shape[:-rank], x.shape[-rank:]
+    outs = [
+        max((size - (k - 1) * d - 1) // s + 1, 0)
+        for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True)
+    ]
+    if 0 in outs:
+        return outs, []
+    ones, zeros = (1,) * len(lead), (0,) * len(lead)
+    windows = []
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        start = [t * d for t, d in zip(tap, dilations, strict=True)]
+        stop = [b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True)]
+        windows.append((tap, lax.slice(x, (*zeros, *start), (*lead, *stop), (*ones, *strides))))
+    return outs, windows
+
+
 def _conv_by_taps(x, w, strides, dilations, pad_pairs, group):
     """An int32 convolution as a sum of one matmul per kernel tap, for backends without integer
     convolutions (XLA:GPU rejects them)."""
@@ -542,29 +563,12 @@ def _conv_by_taps(x, w, strides, dilations, pad_pairs, group):
     x = jnp.pad(x, ((0, 0), (0, 0)) + tuple(pad_pairs))
     n, _, *sizes = x.shape
     filters, per_group, *kernel = w.shape
-    outs = [
-        max((size - (k - 1) * d - 1) // s + 1, 0)
-        for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True)
-    ]
     xg = x.reshape((n, group, per_group, *sizes))
     wg = w.reshape((group, filters // group, per_group, *kernel))
+    outs, windows = _tap_windows(xg, kernel, strides, dilations)
     y = jnp.zeros((n, group, filters // group, *outs), jnp.int32)
-    if 0 in outs:
-        return y.reshape((n, filters, *outs))
     spatial = "hijkl"[:rank]
-    for tap in itertools.product(*(range(k) for k in kernel)):
-        start = [t * d for t, d in zip(tap, dilations, strict=True)]
-        window = lax.slice(
-            xg,
-            (0, 0, 0, *start),
-            (
-                n,
-                group,
-                per_group,
-                *[b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True)],
-            ),
-            (1, 1, 1, *strides),
-        )
+    for tap, window in windows:
         y = y + jnp.einsum(
             f"ngc{spatial},gmc->ngm{spatial}",
             window,
@@ -590,24 +594,17 @@ def _conv_by_int8_dot(x, w, zx, zw, strides, dilations, pad_pairs, group):
     zx8 = _offset_zero(zx, x_offset)  # x's zero point in x8's encoding
     pad_value = jnp.int8(0) if zx8 is None else zx8.astype(jnp.int8)
     x8 = lax.pad(x8, pad_value, ((0, 0, 0), (0, 0, 0)) + tuple((b, e, 0) for b, e in pad_pairs))
-    n, channels, *sizes = x8.shape
+    n, channels = x8.shape[:2]
     filters, per_group, *kernel = w.shape
-    outs = [
-        max((size - (k - 1) * d - 1) // s + 1, 0)
-        for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True)
-    ]
-    if 0 in outs:
+    outs, windows = _tap_windows(x8, kernel, strides, dilations)
+    if not windows:
         return jnp.zeros((n, filters, *outs), jnp.int32)
-    taps = list(itertools.product(*(range(k) for k in kernel)))
-    cols = jnp.zeros((n, channels, len(taps), *outs), jnp.int8)
-    for i, tap in enumerate(taps):
-        start = [t * d for t, d in zip(tap, dilations, strict=True)]
-        stop = [b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True)]
-        window = lax.slice(x8, (0, 0, *start), (n, channels, *stop), (1, 1, *strides))
+    cols = jnp.zeros((n, channels, len(windows), *outs), jnp.int8)
+    for i, (_, window) in enumerate(windows):
         cols = lax.dynamic_update_slice(cols, window[:, :, None], (0, 0, i) + (0,) * rank)
     # [N, G, Cg * taps, positions] against [G, Fg, Cg * taps]: W's (channel, tap) order.
-    cols = cols.reshape((n, group, per_group * len(taps), math.prod(outs)))
-    rows = w.reshape((group, filters // group, per_group * len(taps)))
+    cols = cols.reshape((n, group, per_group * len(windows), math.prod(outs)))
+    rows = w.reshape((group, filters // group, per_group * len(windows)))
     if zw is not None and zw.ndim:
         zw = zw.reshape((group, filters // group, 1))
     acc = integer_matmul(rows, cols, zw, zx8)
