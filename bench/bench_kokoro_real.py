@@ -18,9 +18,10 @@ jf_alpha), 30 to 80 tokens; the style is the pack's row len(phonemes) - 1, as th
   from ORT's and the style never reaches. Then again against ORT with its STFT's DC and Nyquist
   imaginary parts set to the exact 0 of a real signal (`exact_stft_edges`), which Transmuter and
   torch give.
-- time: first result (pipeline made and its first sentence spoken, compiles included), then per
-  call the medians over `--rounds` rounds, the pipeline and ORT (default graph optimizations, as
-  users run it) taking turns, one process.
+- time: first result (pipeline made and its first sentence spoken, compiles included), the
+  first call of each other sentence (what a new token count costs), then per call the medians
+  over `--rounds` rounds, the pipeline and ORT (default graph optimizations, as users run it)
+  taking turns, one process.
 """
 
 from __future__ import annotations
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first result: {time.perf_counter() - began:.1f} s")
     pack = voice_pack(args.repo)
     vocab = speak.vocab
+    for phonemes in SENTENCES[1:]:  # compiles where the token count has no bucket
+        start = time.perf_counter()
+        speak(phonemes, phonemes=True)
+        took = time.perf_counter() - start
+        print(f"first call at {len(phonemes) + 2} tokens: {took:.1f} s")
     for exact_edges in (False, True):
         reference = ort_session(args.repo, reference=True, exact_edges=exact_edges)
         print("ORT with the STFT's DC and Nyquist imaginary parts 0" if exact_edges else "ORT")

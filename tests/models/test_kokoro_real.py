@@ -61,7 +61,8 @@ def test_durations_equal_orts_where_they_are_stable(compared):
     reason="ORT's STFT of 20 samples leaves ~1e-6 in the DC and Nyquist bins' imaginary parts, "
     "where a real signal's (torch's, Transmuter's) are 0; the exported atan2 makes other phases "
     "of them, which the vocoder reads, and a duration a frame off moves every later phase: "
-    "2.0x, 4.4x and 1.4x ORT's noise on a Xeon, 1.9x, 1.7x and 4.4x on an AMD EPYC; 0.8x with "
+    "2.0x, 4.4x and 1.4x ORT's noise on a Xeon with AMX, 2.0x, 1.7x and 1.4x on one without, "
+    "1.9x, 1.7x and 4.4x on an AMD EPYC; 0.8x with "
     "only those STFT values taken from ORT (bench/README.md, the real Kokoro-82M int8)",
 )
 def test_audio_within_twice_orts_own_noise(compared):

@@ -25,7 +25,9 @@ about two per token count (99 for 47 counts). The cost: the vocoder runs on up t
 frames (1.23x over bench_tts_pipeline.py's sentences; 1.51x with powers of two). The padded
 frames' samples are cut from what is returned; the convolutions near the end saw them, so the
 last few hundred samples differ from the unpadded graph's. A graph that does not mask its tokens
-as Kokoro's export does is run with a warning and a program per token count.
+as Kokoro's export does is run with a warning and a program per token count: kokoro-onnx's
+kokoro-v1.0.int8.onnx has no token mask (its BERT's attention mask is all ones, its LSTMs have no
+sequence_lens), so each new token count compiles both programs again (about 30 s on 2 cores).
 
 `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where the exported
 pattern gives -pi: the audio then matches torch's, which the voices were trained with
