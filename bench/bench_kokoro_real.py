@@ -19,7 +19,8 @@ jf_alpha), 30 to 80 tokens; the style is the pack's row len(phonemes) - 1, as th
   imaginary parts set to the exact 0 of a real signal (`exact_stft_edges`), which Transmuter and
   torch give.
 - time: first result (pipeline made and its first sentence spoken, compiles included), the
-  first call of each other sentence (what a new token count costs), then per call the medians
+  first call of each other sentence and of the first less 3 phonemes (what a new token count
+  costs, and which programs it compiled), then per call the medians
   over `--rounds` rounds, the pipeline and ORT (default graph optimizations, as users run it)
   taking turns, one process.
 """
@@ -185,6 +186,26 @@ def compare(speak, reference, ids: list[int], style: np.ndarray, phonemes: str) 
     }
 
 
+def timed_first_call(speak, phonemes: str) -> tuple[float, list[int]]:
+    """Seconds for the pipeline's call on `phonemes`, and the nodes from which the programs it
+    compiled start (telemetry's segment compiles)."""
+    import transmuter
+
+    compiled: list[int] = []
+
+    def count(event, measurements, metadata):
+        if metadata.get("compiled"):
+            compiled.append(metadata["position"])
+
+    transmuter.telemetry.attach("bench-kokoro", ["transmuter.segment.compile.stop"], count)
+    try:
+        start = time.perf_counter()
+        speak(phonemes, phonemes=True)
+        return time.perf_counter() - start, compiled
+    finally:
+        transmuter.telemetry.detach("bench-kokoro")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
@@ -203,11 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first result: {time.perf_counter() - began:.1f} s")
     pack = voice_pack(args.repo)
     vocab = speak.vocab
-    for phonemes in SENTENCES[1:]:  # compiles where the token count has no bucket
-        start = time.perf_counter()
-        speak(phonemes, phonemes=True)
-        took = time.perf_counter() - start
-        print(f"first call at {len(phonemes) + 2} tokens: {took:.1f} s")
+    # New token counts: the other sentences (new frame buckets), then the first sentence less
+    # its last 3 phonemes (its token bucket and, by its frames, its frame bucket).
+    for phonemes in [*SENTENCES[1:], SENTENCES[0][:-3]]:
+        took, compiled = timed_first_call(speak, phonemes)
+        print(
+            f"first call at {len(phonemes) + 2} tokens: {took:.1f} s, "
+            f"{len(compiled)} programs compiled "
+            f"(from nodes {compiled}; 0 is the one before the durations)"
+        )
     for exact_edges in (False, True):
         reference = ort_session(args.repo, reference=True, exact_edges=exact_edges)
         print("ORT with the STFT's DC and Nyquist imaginary parts 0" if exact_edges else "ORT")

@@ -50,6 +50,25 @@ def test_the_q8_pipeline_speaks(speak):
     assert np.abs(out["audio"]).max() > 0.01  # speech, not silence
 
 
+def test_a_new_token_count_compiles_nothing_before_the_durations(speak):
+    """The file has no token mask: `mask_padded_tokens` gives it one, so token counts in one
+    bucket (128) share the program before the durations' break (about 7 s to compile)."""
+    assert speak.pads_tokens
+    speak(real.SENTENCES[2][:50], phonemes=True)
+    compiled = []
+
+    def count(event, measurements, metadata):
+        if metadata.get("compiled") and metadata["position"] == 0:
+            compiled.append(metadata)
+
+    transmuter.telemetry.attach("kokoro-real", ["transmuter.segment.compile.stop"], count)
+    try:
+        speak(real.SENTENCES[2][:70], phonemes=True)
+    finally:
+        transmuter.telemetry.detach("kokoro-real")
+    assert not compiled
+
+
 def test_durations_equal_orts_where_they_are_stable(compared):
     # Measured: 0-2 tokens of 37-87 a frame off where ORT keeps them under a 1e-6 nudge.
     for row in compared:

@@ -159,7 +159,9 @@ def test_a_graph_without_kokoros_token_mask_warns_and_runs_unpadded(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save(proto, path)
     with pytest.warns(UserWarning, match="does not mask its tokens as Kokoro's export does"):
-        model = load_speech_model(path, fix_atan2=True, frames=FRAME_BUCKETS)
+        model = load_speech_model(
+            path, fix_atan2=True, frames=FRAME_BUCKETS, token_inputs=("input_ids",)
+        )
     assert TOKEN_COUNT_INPUT not in {v.name for v in model.ir.graph.inputs}
 
 

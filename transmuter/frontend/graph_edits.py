@@ -20,6 +20,10 @@ ModelProto before loading, and `load_speech_model`, which loads the edited graph
   attention and the encoders, pack_padded_sequence as LSTM sequence_lens); the edit feeds those
   the input, gives the duration LSTM (which reads every token) sequence_lens, and with
   `pad_durations(real_tokens=)` the padding tokens last 0 frames.
+- `mask_padded_tokens`: the same input for a graph that takes its token count from the ids'
+  shape and masks nothing (kokoro-onnx's kokoro-v1.0.int8.onnx): what mixes tokens before the
+  durations is made to see the real ones only, or the edit refuses. The token axes come from
+  `token_axes`, which exports that part of the graph with a symbolic token count.
 
 Together, every real token and frame gets what the unpadded graph gives, up to float rounding,
 except near the end, where the vocoder's convolutions reach into the padding frames (which the
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -461,18 +465,273 @@ def take_token_count(proto: onnx.ModelProto) -> str:
     return TOKEN_COUNT_INPUT
 
 
+TOKENS = "tokens"  # the symbolic token count's name in `token_shapes`
+# Ops whose result at a token is computed from that token's values alone, on whatever axis the
+# tokens are (elementwise ops, casts, layout changes that keep the axis whole): padding cannot
+# reach a real token through them. The ops that do mix tokens are checked in `_why_unmaskable`.
+POSITION_WISE = frozenset(
+    {
+        *("Abs", "Add", "And", "Cast", "CastLike", "Ceil", "Clip", "DequantizeLinear", "Div"),
+        *("Equal", "Erf", "Exp", "Expand", "FastGelu", "Floor", "Gelu", "Greater"),
+        *("GreaterOrEqual", "Identity", "LeakyRelu", "Less", "LessOrEqual", "Log", "Max"),
+        *("Min", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal", "Relu", "Reshape", "Round"),
+        *("Shape", "Sigmoid", "Softplus", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose"),
+        *("Unsqueeze", "Where"),
+    }
+)
+
+
+def _before_durations(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes not computed from the predicted durations: the token encoders, including those
+    the durations do not read (Kokoro's text encoder, read with the alignment after them)."""
+    _, cast = _durations_cast(proto)
+    after = {out for n in _downstream(proto.graph, cast.output[0]) for out in n.output}
+    return [n for n in proto.graph.node if not after.intersection(n.output)]
+
+
+def token_shapes(proto: onnx.ModelProto, tokens: str) -> dict[str, tuple]:
+    """The shape of each value computed before the durations, the token count written as
+    `TOKENS`: that part of the graph exported (transmuter.export) with `tokens` [1, TOKENS] for
+    a symbolic TOKENS. Tracing follows every reshape, which the ONNX shape inference does not
+    (it loses the symbol through an attention's Reshapes, and knows no com.microsoft op). A dim
+    derived from the count (TOKENS - 1, 2 * TOKENS) cannot be masked, and is refused."""
+    import transmuter  # the public API sits above the front end: imported when called
+
+    nodes = _before_durations(proto)
+    read = set().union(*(_reads(n) for n in nodes))
+    values = list(dict.fromkeys(out for n in nodes for out in n.output if out))
+    part = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "before_durations",
+            [i for i in proto.graph.input if i.name in read],
+            [helper.make_empty_tensor_value_info(v) for v in values],
+            [t for t in proto.graph.initializer if t.name in read],
+        ),
+        opset_imports=proto.opset_import,
+        ir_version=proto.ir_version,
+    )
+    try:
+        model = transmuter.load(part, optimize=False)
+        exported = transmuter.export(model, {tokens: (1, TOKENS)})
+    except transmuter.TransmuterError as error:
+        raise GraphEditError(f"the token axes could not be traced: {error}") from error
+    shapes = dict(zip(model.inputs, (aval.shape for aval in exported.in_avals)))
+    shapes.update(zip(model.outputs, (aval.shape for aval in exported.out_avals)))
+    named = {}
+    for value, shape in shapes.items():
+        dims = tuple(d if isinstance(d, int) else str(d) for d in shape)
+        derived = [d for d in dims if isinstance(d, str) and d != TOKENS and TOKENS in d]
+        if derived:
+            raise GraphEditError(f"{value} has a dim {derived[0]} computed from the token count")
+        named[value] = dims
+    return named
+
+
+def _axes(shapes: Mapping[str, tuple], value: str) -> tuple[int, ...]:
+    """The axes of `value` that are the tokens' (none for a value `shapes` does not hold)."""
+    return _token_axes(shapes.get(value, ()))
+
+
+def _token_axes(shape: tuple) -> tuple[int, ...]:
+    return tuple(i for i, d in enumerate(shape) if d == TOKENS)
+
+
+def _attribute(node: onnx.NodeProto, name: str, default):
+    found = next((a for a in node.attribute if a.name == name), None)
+    return default if found is None else helper.get_attribute_value(found)
+
+
+def _why_unmaskable(
+    node: onnx.NodeProto, shapes: Mapping[str, tuple], g: _Graph, masked: set[str]
+) -> str | None:
+    """Why padding would reach the real tokens through `node` after `mask_padded_tokens`, or
+    None. `masked`: the values computed from the attention mask of ones by position-wise ops
+    (a softmax over the tokens must read one, so that the padding keys weigh 0), and the
+    probabilities of such a softmax (a product over the tokens must read those)."""
+    op, x = node.op_type, node.input[0] if node.input else ""
+    axes = [_axes(shapes, i) for i in node.input]
+    rank = len(shapes.get(x, ()))
+
+    def axis(name: str, default: int) -> int:
+        return _attribute(node, name, default) % max(rank, 1)
+
+    if op in POSITION_WISE or op == "DynamicQuantizeLinear" or not any(axes):
+        return None
+    if op in LSTMS:
+        time_axis = 1 if _attribute(node, "layout", 0) else 0
+        if axes[0] != (time_axis,) or any(axes[1:]):
+            return f"an LSTM with the tokens on axes {axes[0]}, not its time axis {time_axis}"
+        return None if _reads_every_step(node) else "an LSTM that already has sequence_lens"
+    if op in ("Conv", "ConvInteger"):
+        if any(a < 2 for a in axes[0]) or any(axes[1:]):
+            return "a convolution over the tokens' axis as a batch or channel axis"
+        quantize = g.node(x, "DynamicQuantizeLinear")
+        if op == "ConvInteger" and (quantize is None or node.input[2:3] != quantize.output[2:3]):
+            return (
+                "a ConvInteger whose input is not a DynamicQuantizeLinear's (with its zero point)"
+            )
+        return None
+    if op in ("Softmax", "LogSoftmax"):
+        over_tokens = axis("axis", -1) in axes[0]
+        return (
+            "a softmax over the tokens without an attention mask"
+            if over_tokens and x not in masked
+            else None
+        )
+    if op in ("MatMul", "MatMulInteger"):
+        b_rank = len(shapes.get(node.input[1], ()))
+        over_tokens = rank - 1 in axes[0] or max(b_rank - 2, 0) in axes[1]
+        return (
+            "a product over the tokens not weighted by masked attention"
+            if over_tokens and x not in masked
+            else None
+        )
+    if op in ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"):
+        normalized = range(axis("axis", -1), rank)
+        return "a normalization over the tokens" if set(normalized) & set(axes[0]) else None
+    if op.startswith("Reduce"):
+        listed = _attribute(node, "axes", None)
+        if listed is None and len(node.input) > 1 and node.input[1]:
+            listed = g.constant(node.input[1])
+            if listed is None:
+                return "a reduction over axes computed at run time"
+        listed = range(rank) if listed is None or len(listed) == 0 else listed
+        return "a reduction over the tokens" if {a % rank for a in listed} & set(axes[0]) else None
+    if op in ("Concat", "Split", "Gather"):
+        return f"a {op} along the tokens" if axis("axis", 0) in axes[0] else None
+    return f"{op} is not known to keep tokens apart"
+
+
+def mask_padded_tokens(proto: onnx.ModelProto, tokens: str, shapes: Mapping[str, tuple]) -> str:
+    """`take_token_count` for a graph that takes its token count from the ids' shape and masks
+    nothing: kokoro-onnx's kokoro-v1.0.int8.onnx, whose BERT's attention mask is a
+    ConstantOfShape of ones and whose LSTMs have no sequence_lens. The count becomes the input
+    `input_lengths` (int64 [1]), and before the durations:
+    - an attention mask of ones over the tokens (a ConstantOfShape of 1) is 1 on the real tokens
+      and 0 on the padding;
+    - LSTMs over the tokens get the count as sequence_lens;
+    - the inputs of DynamicQuantizeLinear and of convolutions over the tokens are 0 on the
+      padding: a quantization range is then the real tokens' (it always holds 0), and a
+      convolution reads zeros past the real end, as on its own padding.
+    Every other op that reads the tokens' axis must keep tokens apart (`_why_unmaskable`);
+    where one does not, GraphEditError names it and nothing is changed. `shapes`: from
+    `token_shapes`. Run `pad_durations` after it with `real_tokens=` the returned name."""
+    g = _Graph(proto.graph)
+    ones, zeroed, lstms, masked = {}, {}, set(), set()
+    for node in _before_durations(proto):
+        if node.op_type == "ConstantOfShape" and _axes(shapes, node.output[0]):
+            value = _attribute(node, "value", None)
+            if value is not None and (numpy_helper.to_array(value) == 1).all():
+                ones[node.output[0]] = numpy_helper.to_array(value).reshape(())
+                masked.add(node.output[0])
+            continue
+        why = _why_unmaskable(node, shapes, g, masked)
+        if why is not None:
+            raise GraphEditError(
+                f"{node.name or node.op_type}: {why}; padding would reach the real tokens"
+            )
+        x = node.input[0] if node.input else ""
+        if node.op_type in LSTMS:
+            lstms.add(tuple(node.output))
+        elif node.op_type in ("Conv", "DynamicQuantizeLinear") and _axes(shapes, x):
+            zeroed[x] = _axes(shapes, x)
+        # the mask reaches a softmax through position-wise ops; its probabilities reach a
+        # product over the tokens through casts and quantizers
+        if node.op_type in POSITION_WISE | {"Softmax", "LogSoftmax", "DynamicQuantizeLinear"}:
+            if masked.intersection(node.input):
+                masked.update(node.output)
+    if not (ones or zeroed or lstms):
+        raise GraphEditError("nothing before the durations reads the tokens")
+
+    node, p = helper.make_node, "mask_tokens/"
+    token_axis = _axes(shapes, tokens)
+    if len(token_axis) != 1:
+        raise GraphEditError(f"{tokens} has the tokens on {len(token_axis)} axes, not one")
+
+    def const(name: str, value) -> str:
+        proto.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
+        return p + name
+
+    head = [
+        node("Shape", [tokens], [p + "shape"]),
+        node("Gather", [p + "shape", const("token_axis", np.int64(token_axis[0]))], [p + "count"]),
+        node(
+            "Range",
+            [const("zero", np.int64(0)), p + "count", const("one", np.int64(1))],
+            [p + "positions"],
+        ),
+        node("Less", [p + "positions", TOKEN_COUNT_INPUT], [p + "real"]),
+        node("Cast", [TOKEN_COUNT_INPUT], [p + "count_int32"], to=TensorProto.INT32),
+    ]
+
+    masks: dict[tuple, str] = {}
+
+    def real_mask(shape: tuple) -> str:
+        """A bool mask of `shape`'s rank, True where each of its token axes is a real token
+        (an attention's scores have two)."""
+        key = (len(shape), _token_axes(shape))
+        if key not in masks:
+            mask = None
+            for a in key[1]:
+                others = [i for i in range(len(shape)) if i != a]
+                axis_mask = f"{p}real/{len(shape)}/{a}"
+                axes = const(f"others/{len(shape)}/{a}", np.array(others, np.int64))
+                head.append(node("Unsqueeze", [p + "real", axes], [axis_mask]))
+                if mask is not None:
+                    head.append(node("And", [mask, axis_mask], [axis_mask + "/and"]))
+                    axis_mask += "/and"
+                mask = axis_mask
+            masks[key] = mask
+        return masks[key]
+
+    float_zero = const("float_zero", np.float32(0))
+    rebuilt, renamed = [], {}
+    for old in proto.graph.node:
+        old.input[:] = [renamed.get(i, i) for i in old.input]
+        out = old.output[0] if old.output else ""
+        if out in ones:  # the mask of ones becomes the real tokens' mask
+            one = const(f"one/{out}", ones[out])
+            mask = real_mask(shapes[out])
+            rebuilt += [
+                node("CastLike", [mask, one], [f"{out}/real"]),
+                node("Expand", [f"{out}/real", old.input[0]], [out]),
+            ]
+            continue
+        if tuple(old.output) in lstms:
+            _set_sequence_lens(old, p + "count_int32")
+        rebuilt.append(old)
+        for value in old.output:
+            if value in zeroed:
+                zero = f"{value}/padding_zeroed"
+                rebuilt += [
+                    node("CastLike", [float_zero, value], [f"{value}/zero"]),
+                    node("Where", [real_mask(shapes[value]), value, f"{value}/zero"], [zero]),
+                ]
+                renamed[value] = zero
+    for new in head + rebuilt:
+        new.name = new.name or new.output[0]
+    del proto.graph.node[:]
+    proto.graph.node.extend(head + rebuilt)
+    proto.graph.input.append(
+        helper.make_tensor_value_info(TOKEN_COUNT_INPUT, TensorProto.INT64, [1])
+    )
+    return TOKEN_COUNT_INPUT
+
+
 def load_speech_model(
     path: str | os.PathLike,
     *,
     fix_atan2: bool,
     frames: int | Sequence[int],
+    token_inputs: Sequence[str],
 ):
-    """The ONNX file at `path` (external data read in) with `take_token_count` where the graph
-    masks its tokens as Kokoro's does (with a warning where it does not: its token count then
-    cannot be padded), `pad_durations` to `frames` and, when `fix_atan2`, `fix_atan2_quadrant`,
-    loaded by
-    `transmuter.load`. Whether the token count was taken shows in the model's inputs
-    (`TOKEN_COUNT_INPUT`)."""
+    """The ONNX file at `path` (external data read in) with the token count as an input:
+    `take_token_count` where the graph masks its tokens as Kokoro's does, else
+    `mask_padded_tokens` on the first of `token_inputs` the graph has (with a warning where
+    neither can: its token count then cannot be padded); `pad_durations` to `frames` and, when
+    `fix_atan2`, `fix_atan2_quadrant`; loaded by `transmuter.load`. Whether the token count was
+    taken shows in the model's inputs (`TOKEN_COUNT_INPUT`)."""
     import transmuter  # the public API sits above the front end: imported when called
 
     proto = onnx.load(os.fspath(path))
@@ -480,10 +739,27 @@ def load_speech_model(
         fix_atan2_quadrant(proto)
     try:
         real_tokens = take_token_count(proto)
-    except GraphEditError as error:
-        warnings.warn(f"{path}: {error}; each token count compiles its own programs", stacklevel=2)
-        real_tokens = None
+    except GraphEditError as no_mask:
+        real_tokens = _mask_padded_tokens_or_warn(proto, token_inputs, no_mask, path)
     pad_durations(proto, frames, real_tokens)
     model = transmuter.load(proto)
     model.source = f"{path} (edited)"  # what its compile notices and errors name
     return model
+
+
+def _mask_padded_tokens_or_warn(
+    proto: onnx.ModelProto, token_inputs: Sequence[str], no_mask: GraphEditError, path
+) -> str | None:
+    names = [i.name for i in proto.graph.input]
+    tokens = next((n for n in token_inputs if n in names), None)
+    try:
+        if tokens is None:
+            raise GraphEditError(f"no token input {list(token_inputs)} among {names}")
+        return mask_padded_tokens(proto, tokens, token_shapes(proto, tokens))
+    except GraphEditError as error:
+        warnings.warn(
+            f"{path}: {no_mask}; nor can its tokens be masked: {error}; each token count "
+            "compiles its own programs",
+            stacklevel=3,
+        )
+        return None

@@ -24,10 +24,11 @@ sentences of random lengths 11 programs (8 with powers of two), where exact leng
 about two per token count (99 for 47 counts). The cost: the vocoder runs on up to 1.5x the
 frames (1.23x over bench_tts_pipeline.py's sentences; 1.51x with powers of two). The padded
 frames' samples are cut from what is returned; the convolutions near the end saw them, so the
-last few hundred samples differ from the unpadded graph's. A graph that does not mask its tokens
-as Kokoro's export does is run with a warning and a program per token count: kokoro-onnx's
-kokoro-v1.0.int8.onnx has no token mask (its BERT's attention mask is all ones, its LSTMs have no
-sequence_lens), so each new token count compiles both programs again (about 30 s on 2 cores).
+last few hundred samples differ from the unpadded graph's. A graph that takes its token count
+from the ids' shape and masks nothing (kokoro-onnx's kokoro-v1.0.int8.onnx: its BERT's attention
+mask is all ones, its LSTMs have no sequence_lens) is given the mask (`mask_padded_tokens`):
+without it each new token count compiled both programs again (30-37 s on 2 cores). A graph
+neither edit can pad is run with a warning and a program per token count.
 
 `fix_atan2=True` (the default) gives torch.atan2's +pi on the STFT's DC bin where the exported
 pattern gives -pi: the audio then matches torch's, which the voices were trained with
@@ -92,6 +93,7 @@ class TextToSpeech(Task):
             repo.onnx["model"],
             fix_atan2=fix_atan2,
             frames=FRAME_BUCKETS,
+            token_inputs=tuple(NAMINGS),
         )
         names = {v.name for v in self.model.ir.graph.inputs}
         token_input = next((n for n in NAMINGS if n in names), None)
