@@ -252,6 +252,30 @@ def test_a_cache_hit_at_another_signature_is_counted_and_matches(proto, rng):
     assert len(hits) == 1
 
 
+def test_the_example_run_answers_a_first_call_with_the_same_inputs(proto, rng, monkeypatch):
+    """compile runs the example; a first call with equal inputs gets that run's outputs instead
+    of running again (a pipeline's first result), and no other call does."""
+    model = transmuter.load(proto)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    fn = transmuter.compile(model, {"x": x})
+    runs = []
+    for path in ("_run", "_run_fast", "_run_program"):  # every way a call runs the model
+        run = getattr(fn, path)
+        monkeypatch.setattr(fn, path, lambda *a, run=run, **k: runs.append(1) or run(*a, **k))
+    first = fn({"x": x.copy()})  # equal values, another array
+    assert not runs
+    np.testing.assert_array_equal(first["y"], transmuter.run(model, {"x": x})["y"])
+    again = fn({"x": x})
+    assert runs
+    np.testing.assert_array_equal(again["y"], first["y"])
+
+    changed = transmuter.compile(model, {"x": x})
+    x[0, 0] += 1  # changed in place after compiling: the example's outputs do not answer
+    np.testing.assert_allclose(
+        changed({"x": x})["y"], transmuter.run(model, {"x": x})["y"], rtol=1e-6
+    )
+
+
 def test_compile_caches_per_signature(proto, rng):
     model = transmuter.load(proto)
     make = lambda n: rng.standard_normal((n, 4)).astype(np.float32)  # noqa: E731

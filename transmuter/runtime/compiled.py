@@ -81,11 +81,18 @@ class CompiledModel:
         # dtypes may skip conversion, padding and the signature (`_given_shapes`).
         self._exact: tuple | None = None
         self._exact_shapes: tuple | None = None
+        self._example_run: tuple | None = None
         with telemetry.span("transmuter.compile", {"source": model.source}) as span:
-            self(example_inputs)
+            outputs = self(example_inputs)
             # A graph without nodes has no segment (its outputs are its inputs or constants).
             first = next(iter(self.runner.caches.get(0, {}).values()), None)
             span.stop_metadata["graph_break"] = first is not None and first.stop is not None
+        # The example's run answers the next call if that call gives the same inputs (a
+        # pipeline's first call compiles on its own inputs): one model run less to the first
+        # result. Not with random operators, where each call draws new values.
+        snapshot = _snapshot(example_inputs)
+        if self._keys is None and snapshot is not None:
+            self._example_run = (snapshot, outputs)
         # String inputs live on the host and key the segments by value: no fast path for them.
         strings = any(_is_string(model, n) for n in model.inputs)
         if first is not None and first.stop is None and first.program is not None and not strings:
@@ -114,6 +121,9 @@ class CompiledModel:
         """Run on `inputs`. `key` seeds the random operators of this call; without it, calls
         draw from the callable's own key stream, so each call draws new values."""
         with telemetry.span("transmuter.call", {"source": self.model.source}):
+            example_run, self._example_run = self._example_run, None
+            if example_run is not None and key is None and _same(inputs, example_run[0]):
+                return example_run[1]
             if self._exact is not None and key is None:
                 shapes = self._given_shapes(inputs)
                 segment = None if shapes is None else self._whole_program(inputs, shapes)
@@ -377,3 +387,25 @@ def _static_key(value: np.ndarray) -> Any:
         value.dtype.str,
         value.tobytes() if value.dtype != object else tuple(value.ravel().tolist()),
     )
+
+
+def _snapshot(inputs: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """Host copies of the inputs, which a caller may change in place after the call; None for
+    inputs that are not arrays (sequences of tensors, maps)."""
+    try:
+        return {name: np.array(value, copy=True) for name, value in inputs.items()}
+    except (TypeError, ValueError):
+        return None
+
+
+def _same(inputs: Any, snapshot: dict[str, np.ndarray]) -> bool:
+    """Whether `inputs` holds what `snapshot` holds: the same names, dtypes, shapes and values."""
+    if not isinstance(inputs, Mapping) or inputs.keys() != snapshot.keys():
+        return False
+    for name, kept in snapshot.items():
+        given = np.asarray(inputs[name])
+        if given.dtype != kept.dtype or given.shape != kept.shape:
+            return False
+        if not np.array_equal(given, kept, equal_nan=given.dtype.kind in "fc"):
+            return False
+    return True
