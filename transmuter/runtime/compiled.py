@@ -403,7 +403,10 @@ def _same(inputs: Any, snapshot: dict[str, np.ndarray]) -> bool:
     if not isinstance(inputs, Mapping) or inputs.keys() != snapshot.keys():
         return False
     for name, kept in snapshot.items():
-        given = np.asarray(inputs[name])
+        try:
+            given = np.asarray(inputs[name])
+        except (TypeError, ValueError):  # not an array (a sequence of tensors): left to the call
+            return False
         if given.dtype != kept.dtype or given.shape != kept.shape:
             return False
         if not np.array_equal(given, kept, equal_nan=given.dtype.kind in "fc"):
