@@ -560,6 +560,29 @@ def test_conv_by_taps_equals_xla_conv(x_shape, w_shape, attrs, rng):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("platforms", [["cpu"], ["tpu"], ["cuda"]])
+def test_conv_integer_traced_for_one_platform_traces_its_route_only(platforms, rng):
+    """The runtime traces for the platform it compiles for (`tracing_for`): ConvInteger then
+    traces that platform's route, not all three behind a platform switch, and the route gives
+    what the switch would pick."""
+    from transmuter.lowering.ops.quantization import conv_integer
+    from transmuter.lowering.platforms import tracing_for
+
+    x = rand_int(rng, np.uint8, (1, 3, 12))
+    w = rand_int(rng, np.int8, (4, 3, 3))
+    zero = np.array(7, np.uint8)
+
+    def conv(x, w, zero):
+        return conv_integer(x, w, zero, pads=[1, 1])
+
+    every = jax.make_jaxpr(conv)(x, w, zero)
+    with tracing_for(platforms):
+        one = jax.make_jaxpr(lambda *a: conv(*a))(x, w, zero)
+        got = jax.jit(lambda *a: conv(*a))(x, w, zero)
+    assert "platform_index" in str(every) and "platform_index" not in str(one)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(conv)(x, w, zero)))
+
+
 @pytest.mark.parametrize(
     "x_shape,w_shape,attrs",
     [

@@ -31,6 +31,7 @@ from transmuter.errors import (
     ShapeError,
     TransmuterError,
 )
+from transmuter.lowering.platforms import tracing_for
 from transmuter.lowering.symbolic import dims_to_device, is_symbolic, recording_bounds
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.execute import evaluate, x64_scope
@@ -134,7 +135,7 @@ def _trace(model, names, static, specs, declared, params, platforms, narrow_out)
         results = [_program_output(name, outputs[name]) for name in model.outputs]
         return tuple(_narrowed_output(v) if narrow_out else v for v in results)
 
-    with x64_scope():
+    with x64_scope(), tracing_for(platforms):
         try:
             if params == "embed":
                 program = jax.jit(lambda *arrays: graph(model.params, *arrays))

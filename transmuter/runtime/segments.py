@@ -29,6 +29,7 @@ from jax._src import util as jax_util  # JAX's staging caches have no public han
 
 from transmuter import compile_notice, ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
+from transmuter.lowering.platforms import tracing_for
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
 from transmuter.runtime.execute import on_device, to_device
@@ -272,7 +273,10 @@ class SegmentRunner:
         ):
             # Timed apart: tracing is our graph walk, lowering JAX's, compiling XLA's.
             began = time.perf_counter()
-            traced = jax.jit(_checked(program) if self.checks else program).trace(device_args, key)
+            with tracing_for([jax.default_backend()]):
+                traced = jax.jit(_checked(program) if self.checks else program).trace(
+                    device_args, key
+                )
             traced_at = time.perf_counter()
             lowered = traced.lower()
             lowered_at = time.perf_counter()

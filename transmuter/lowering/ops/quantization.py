@@ -19,6 +19,7 @@ from jax import lax
 from transmuter import dtypes
 from transmuter.errors import ShapeError
 from transmuter.lowering import op, variant
+from transmuter.lowering.platforms import platform_dependent
 from transmuter.lowering.shared import divide as shared_divide
 from transmuter.lowering.shared import normalize_axis, same_pads, spatial_attrs
 
@@ -634,7 +635,7 @@ def _conv_int32(x, w, zx, zw, strides, dilations, pad_pairs, group):
         x, w = _shifted(x, zx, True), _shifted(w, zw, True)
         return _conv_by_taps(x, w, strides, dilations, pad_pairs, group)
 
-    return lax.platform_dependent(x, w, cpu=patches, tpu=direct, default=taps)
+    return platform_dependent(x, w, cpu=patches, tpu=direct, default=taps)
 
 
 def _filter_zero(zero, w, what: str):
