@@ -146,7 +146,7 @@ def test_padding_the_tokens_changes_nothing_real(tmp_path):
     np.testing.assert_array_equal(durations[:REAL], np.asarray(want["duration"]).reshape(-1))
     assert not durations[REAL:].any()
     assert len(set(durations[:REAL].tolist())) > 2  # the durations vary with the tokens
-    for name in ("text_features", "duration_row"):  # the durations before rounding
+    for name in ("text_features", "duration_row"):  # duration_row: before rounding
         np.testing.assert_allclose(
             np.asarray(got[name])[..., :REAL], want[name], rtol=1e-5, atol=1e-5
         )
