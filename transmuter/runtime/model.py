@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 
 from transmuter import dtypes, ir
 from transmuter.errors import InputError
+from transmuter.runtime import trace_cache
 from transmuter.runtime.analysis import Break, graph_breaks
 from transmuter.runtime.execute import to_device, x64_scope
 from transmuter.runtime.interpreter import Plan
@@ -79,6 +81,12 @@ class Model:
         self.host_constants: dict[str, np.ndarray] = host_constants
         # Inputs that index a table of known size: checked per call (check_inputs).
         self.index_ranges: dict[str, list[IndexRange]] = index_ranges(graph)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of what a trace of this model depends on besides its arguments (the graph,
+        opsets, host constants' values): part of the key of traced segments kept on disk."""
+        return trace_cache.fingerprint(self)
 
     @property
     def opsets(self) -> dict[str, int]:

@@ -30,6 +30,7 @@ from jax._src import util as jax_util  # JAX's staging caches have no public han
 from transmuter import compile_notice, ir, telemetry
 from transmuter.errors import HostValueNeeded, NodeError
 from transmuter.lowering.platforms import tracing_for
+from transmuter.runtime import trace_cache
 from transmuter.runtime.analysis import graph_breaks
 from transmuter.runtime.disk_cache import compile_lowered, guarded
 from transmuter.runtime.execute import on_device, to_device
@@ -205,7 +206,7 @@ class SegmentRunner:
             telemetry.emit("transmuter.cache.miss", {"count": 1}, metadata)
         host_names = [name for name, _ in host_digests]
         try:
-            segment = self.build(start, env, device_args, host_names, metadata, key)
+            segment = self.build(start, env, device_args, host_names, metadata, key, cache_key)
         except BaseException as exc:
             with self._lock:
                 del self._building[(start, cache_key)]
@@ -238,7 +239,7 @@ class SegmentRunner:
             self._reads[start] = (fixed, varying)
         return self._reads[start]
 
-    def build(self, start, env, device_args, host_names, metadata, key) -> Segment:
+    def build(self, start, env, device_args, host_names, metadata, key, cache_key) -> Segment:
         host_env = {
             n: v for n, v in env.items() if is_host(v) and (n not in self.data or _holds_strings(v))
         }
@@ -267,32 +268,54 @@ class SegmentRunner:
         varying = {n: v for n, v in device_args.items() if n not in fixed}
         source = self.model.source or "a model from memory"
         what = f"{source} from node {start} for {compile_notice.shapes(varying)}"
+        platform = jax.default_backend()
+        stored = None
+        if trace_cache.folder() is not None and key is None and not self.checks:
+            if _on_one_device(device_args):  # a mesh's programs carry their shardings
+                stored = trace_cache.key(self.model, "segment", start, cache_key, platform)
         with (
             telemetry.span("transmuter.segment.compile", metadata) as span,
             compile_notice.slow_compile(lambda: what),
         ):
             # Timed apart: tracing is our graph walk, lowering JAX's, compiling XLA's.
             began = time.perf_counter()
-            with tracing_for([jax.default_backend()]):
-                traced = jax.jit(_checked(program) if self.checks else program).trace(
-                    device_args, key
-                )
+            jitted = jax.jit(_checked(program) if self.checks else program)
+            traced = exported = None
+            kept = None if stored is None else trace_cache.read(stored)
+            if kept is not None:
+                exported = kept.pop("exported")
+                if exported is None and not self._eager(start, kept["stop"]):
+                    kept = None  # kept as run op by op, which this runner's threshold is not
+            traced_from = "hit" if kept is not None else "miss" if stored else None
+            if kept is None:
+                with tracing_for([platform]):
+                    traced = jitted.trace(device_args, key)
+                kept = {
+                    "stop": found["stop"],
+                    "reason": found["reason"],
+                    "needed": found.get("needed"),
+                    "host_outputs": found["host"],
+                }
             traced_at = time.perf_counter()
-            lowered = traced.lower()
-            lowered_at = time.perf_counter()
-            stop = found["stop"]
-            steps = self.plan.steps[start:stop]
-            length = sum(1 + _body_nodes(step.node) for step in steps)
-            # A short segment around a break costs more to compile than to run op by op; a graph
-            # without breaks always compiles, whatever its size, and so does one whose only break
-            # is a node building host values (ZipMap's maps) from the segment's results.
-            tail = stop is not None and self.plan.steps[stop].opdef.host_outputs
-            eager = (start > 0 or (stop is not None and not tail)) and length < self.eager_threshold
-            eager = eager and not self.checks  # op by op, nothing would check the indices
+            stop = kept["stop"]
+            eager = self._eager(start, stop)
+            if traced_from == "miss":
+                exported, blob = None, None
+                if not eager:
+                    exported, blob = _exported(jitted, device_args, key, platform)
+                if not (eager or blob) or not trace_cache.write(stored, blob, **kept):
+                    traced_from, exported = "unexportable", None
             disk = None
+            lowered_at = time.perf_counter()
             if not eager:
+                if exported is not None:
+                    lower = functools.partial(_lower_exported, exported, device_args, key)
+                else:
+                    lower = traced.lower
+                lowered = lower()
+                lowered_at = time.perf_counter()
                 options = compiler_options(device_args)
-                compiled, disk = compile_lowered(lowered, traced.lower, options)
+                compiled, disk = compile_lowered(lowered, lower, options)
                 if disk == "hit":
                     compiled = guarded(compiled, jax.config.jax_compilation_cache_dir)
             span.stop_metadata.update(
@@ -302,18 +325,29 @@ class SegmentRunner:
                 stop=stop if stop is not None else "end",
                 compiled=not eager,
                 disk_cache=disk,
-                reason=found["reason"],
+                trace_cache=traced_from,
+                reason=kept["reason"],
                 host_values=host_names,
             )
         return Segment(
             start,
             stop,
-            found["reason"],
-            found["host"],
+            kept["reason"],
+            kept["host_outputs"],
             host_names,
             None if eager else self._raising(compiled, start, stop) if self.checks else compiled,
-            found.get("needed"),
+            kept["needed"],
         )
+
+    def _eager(self, start: int, stop: int | None) -> bool:
+        """Whether the segment from `start` to `stop` runs op by op. A short segment around a
+        break costs more to compile than to run op by op; a graph without breaks always
+        compiles, whatever its size, and so does one whose only break is a node building host
+        values (ZipMap's maps) from the segment's results. Nothing checks indices op by op."""
+        length = sum(1 + _body_nodes(step.node) for step in self.plan.steps[start:stop])
+        tail = stop is not None and self.plan.steps[stop].opdef.host_outputs
+        eager = (start > 0 or (stop is not None and not tail)) and length < self.eager_threshold
+        return eager and not self.checks
 
     def _raising(self, compiled: Callable, start: int, stop: int | None) -> Callable:
         """A checked program that raises a NodeError for its first failed check."""
@@ -359,6 +393,34 @@ class SegmentRunner:
                 value = env.get(name) if name else None
                 if _to_device_after_break(value, step.opdef.data_dependent, name in needed):
                     env[name] = to_device(value)
+
+
+def _exported(jitted, device_args, key, platform: str) -> tuple[Any, bytes | None]:
+    """The traced segment as a `jax.export.Exported` for `platform` and its serialized form, or
+    (None, None) where JAX cannot export it (a host callback) or serialize it (a 2-bit type)."""
+    try:
+        with tracing_for([platform]):
+            exported = jax.export.export(jitted, platforms=[platform])(device_args, key)
+    except Exception:  # whatever export refuses, the segment still compiles from its trace
+        return None, None
+    blob = trace_cache.serialized(exported)
+    return (exported, blob) if blob is not None else (None, None)
+
+
+def _lower_exported(exported, device_args, key) -> Any:
+    """The exported segment lowered as a program named as traced ones are (`jit_program` in
+    JAX's cache), with no graph walk."""
+
+    def program(args, key):
+        return exported.call(args, key)
+
+    return jax.jit(program).trace(device_args, key).lower()
+
+
+def _on_one_device(args: Mapping[str, Any]) -> bool:
+    return all(
+        not isinstance(v, jax.Array) or len(v.sharding.device_set) == 1 for v in args.values()
+    )
 
 
 def _forget_traced_shapes() -> None:
