@@ -47,6 +47,11 @@ def key(model, *parts: Any) -> str:
     parts count by value."""
     hasher = hashlib.blake2b(digest_size=20)
     hasher.update(f"{_code()} {jax.__version__} {model.fingerprint}".encode())
+    # The process-wide settings that change what a trace emits (dot precision, type promotion).
+    config = jax.config
+    hasher.update(
+        f"{config.jax_default_matmul_precision} {config.jax_numpy_dtype_promotion}".encode()
+    )
     for part in parts:
         _value(hasher, part)
     return hasher.hexdigest()
