@@ -23,6 +23,7 @@ from test_breaks import if_model
 from test_export import position_table_model
 
 import transmuter
+from transmuter.runtime import trace_cache
 from transmuter.runtime.segments import _exported
 
 F = TensorProto.FLOAT
@@ -206,3 +207,12 @@ def test_subgraph_constants_count_in_the_fingerprint():
     same = transmuter.load(if_model([3, 8], [3, 8])).fingerprint
     assert transmuter.load(if_model([3, 8], [2, 12])).fingerprint != same
     assert transmuter.load(if_model([3, 8], [3, 8])).fingerprint == same
+
+
+def test_the_dot_precision_setting_keys_apart():
+    """A process that asks JAX for another default dot precision traces other programs."""
+    model = transmuter.load(if_model([3, 8], [3, 8]))
+    default = trace_cache.key(model, "segment", 0)
+    with jax.default_matmul_precision("highest"):
+        assert trace_cache.key(model, "segment", 0) != default
+    assert trace_cache.key(model, "segment", 0) == default
