@@ -2,7 +2,7 @@
 
 JAX's persistent compilation cache is keyed by the lowered program, so a process that finds a
 program there has already walked the graph, traced it and lowered it: on the real Kokoro-82M,
-3 of the 7 seconds its two programs took to come back from disk. With `cache_dir` on, each
+4.3 of the 7.2 seconds its two programs took to come back from disk. With `cache_dir` on, each
 segment is also kept here as a serialized `jax.export.Exported` (with where it stops and the
 host values it computes), under a key known before tracing: the model's fingerprint, the start
 position, the segment's cache key (shapes and dtypes of its arguments, digests of its host
@@ -11,8 +11,8 @@ every trace. A later process calls the exported program instead of tracing: JAX 
 serialized StableHLO and finds the executable in its own cache.
 
 Every process compiles the exported program, the first included, so that the program the first
-process writes to JAX's cache is the one later processes look up. A segment that cannot be
-exported (a host callback) is compiled from its trace and not kept here. An entry that does not
+process writes to JAX's cache is the one later processes look up. A segment that JAX cannot
+export (a host callback) or serialize (a 2-bit type) is compiled from its trace and not kept. An entry that does not
 read back is removed, traced again and written afresh.
 """
 
