@@ -68,3 +68,12 @@ def test_a_program_from_disk_that_xla_refuses_is_a_cache_error():
 
     with pytest.raises(CacheError, match="does not fit its call .* delete the folder"):
         guarded(refused, "/tmp/cache")()
+
+
+def test_a_program_from_disk_keeps_its_optimized_hlo():
+    """Readers of the optimized HLO (loop_convolutions, the sharding cases) read a program from
+    disk as they read a fresh one."""
+    compiled = jax.jit(lambda x: x * 2).lower(np.ones(3, np.float32)).compile()
+    program = guarded(compiled, "/tmp/cache")
+    assert program.as_text() == compiled.as_text()
+    assert program(np.ones(3, np.float32)).tolist() == [2, 2, 2]

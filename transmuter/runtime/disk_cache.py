@@ -101,16 +101,25 @@ def _remove_damaged(folder: Path) -> int:
 
 def guarded(program, folder: str) -> Any:
     """`program`, read from the persistent cache: a call XLA refuses (the entry holds another
-    program, as when two entry files are swapped) raises a CacheError saying what to do."""
+    program, as when two entry files are swapped) raises a CacheError saying what to do; the
+    program's other attributes (`as_text()`, which tests read the optimized HLO by) are its own."""
+    return _Guarded(program, folder)
 
-    def call(*args):
+
+class _Guarded:
+    def __init__(self, program, folder: str):
+        self._program = program
+        self._folder = folder
+
+    def __call__(self, *args):
         try:
-            return program(*args)
+            return self._program(*args)
         except jax.errors.JaxRuntimeError as exc:
             raise CacheError(
-                f"a program read from the compile cache {folder!r} does not fit its call "
+                f"a program read from the compile cache {self._folder!r} does not fit its call "
                 f"({str(exc).splitlines()[0][:200]}): the cache holds a damaged or foreign "
                 "entry; delete the folder (or its files) and run again"
             ) from exc
 
-    return call
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program, name)
