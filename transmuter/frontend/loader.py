@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +20,31 @@ from onnx import numpy_helper
 
 from transmuter import cpu, dtypes, ir
 from transmuter.errors import ModelLoadError
+from transmuter.ir import arrays
 
 
 def load_model(source) -> ir.Model:
     """Read an ONNX model from a path, bytes or a ModelProto into the IR.
 
-    External-data tensors are memory-mapped from files beside the model; a location that leaves
-    the model's folder is refused.
+    External-data tensors are memory-mapped from files beside the model where their offset is
+    aligned (ir/arrays.py), else read; a location that leaves the model's folder is refused.
     """
+    model = _converted(source)
+    _release_freed_memory()
+    return model
+
+
+def _release_freed_memory() -> None:
+    """Give the parsed protobuf's memory back to the system now that it is freed. glibc keeps
+    freed blocks for reuse, and a parse makes as many as the model has weights, which then stayed
+    resident beside the weights themselves in some runs (tests/runtime/test_weights_held_once.py)."""
+    if sys.platform.startswith("linux"):
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # absent outside glibc
+        if trim is not None:
+            trim(0)
+
+
+def _converted(source) -> ir.Model:
     proto, base_dir = read_proto(source)
     bad = _undecoded_text(proto)
     if bad is not None:
@@ -222,10 +241,11 @@ class _Converter:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             return self.external_tensor(t, dtype)
         try:
-            array = numpy_helper.to_array(t)
+            array = numpy_helper.to_array(t).astype(dtype, copy=False)
         except Exception as exc:  # onnx raises several types for inconsistent tensors
             raise ModelLoadError(f"tensor {t.name!r} cannot be decoded: {exc}") from None
-        return array.astype(dtype, copy=False)
+        # Out of the protobuf's bytes (a view of them would keep every weight's bytes alive).
+        return array if array.dtype == object else arrays.shareable(array)
 
     def external_tensor(self, t: onnx.TensorProto, dtype: np.dtype) -> np.ndarray:
         info = {e.key: e.value for e in t.external_data}
@@ -278,8 +298,17 @@ class _Converter:
             return numpy_helper.to_array(copy).astype(dtype, copy=False)
         if count == 0:
             return np.zeros(shape, dtype)
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
-        return data.view(dtype).reshape(shape)
+        if offset % arrays.ALIGNMENT == 0:  # mapped, the pages are the weight (arrays.py)
+            return arrays.mapped_file(path, offset, nbytes).view(dtype).reshape(shape)
+        array = arrays.empty(shape, dtype)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != nbytes:
+                raise ModelLoadError(
+                    f"tensor {t.name!r}: external data file {path.name!r} changed while read"
+                )
+        array.flags.writeable = False
+        return array
 
     def sparse_tensor(self, s: onnx.SparseTensorProto) -> np.ndarray:
         name = s.values.name

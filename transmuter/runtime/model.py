@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -13,6 +13,7 @@ import numpy as np
 
 from transmuter import dtypes, ir
 from transmuter.errors import InputError
+from transmuter.ir.arrays import shareable
 from transmuter.runtime import trace_cache
 from transmuter.runtime.analysis import Break, graph_breaks
 from transmuter.runtime.execute import to_device, x64_scope
@@ -42,6 +43,9 @@ class Model:
     (opaque here; None for a model not loaded by `transmuter.load`).
     place: `(name, array) -> jax.Array` putting each param and device constant on its devices
     (runtime/sharding.py, for a mesh); by default the whole array goes to the default device.
+    Where that is the CPU, the device arrays run on `ir.graph`'s own arrays, copied first into
+    aligned read-only memory where they are not so already (`ir.arrays.shareable`; the caller's
+    `model` is left as it is): each weight is held once.
     """
 
     def __init__(
@@ -53,10 +57,15 @@ class Model:
         origin: Any = None,
         place: Callable[[str, np.ndarray], jax.Array] | None = None,
     ):
-        self.ir = model
         self.source = source
         self.origin = origin
         self.trainable = trainable
+        if place is None and _default_platform() == "cpu":
+            # The weights are held once: the device arrays run on the graph's own host arrays.
+            model = _with_shareable_initializers(model)
+            place = _alias
+        place = place or (lambda _, array: to_device(array))
+        self.ir = model
         graph = model.graph
         self.inputs: list[str] = [v.name for v in graph.inputs]
         self.outputs: list[str] = [v.name for v in graph.outputs]
@@ -74,7 +83,6 @@ class Model:
                 device_constants[name] = array
             else:
                 host_constants[name] = np.asarray(array)
-        place = place or (lambda _, array: to_device(array))
         with x64_scope():
             self.params: dict[str, jax.Array] = {k: place(k, v) for k, v in params.items()}
             self.device_constants = {k: place(k, v) for k, v in device_constants.items()}
@@ -138,6 +146,27 @@ class Model:
 
     def _spec_list(self) -> str:
         return ", ".join(f"{n}: {self.input_specs[n]}" for n in self.inputs)
+
+
+def _alias(_: str, array: np.ndarray) -> jax.Array:
+    return jax.device_put(array, may_alias=True)
+
+
+def _default_platform() -> str:
+    """The platform `jax.device_put` places on: `jax.default_device`'s, else the default backend's."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
+
+
+def _with_shareable_initializers(model: ir.Model) -> ir.Model:
+    """`model` with its main graph's initializers `shareable` (the caller's model untouched)."""
+    initializers = {
+        name: array if array.dtype == object else shareable(array)
+        for name, array in model.graph.initializers.items()
+    }
+    return replace(model, graph=replace(model.graph, initializers=initializers))
 
 
 def _host_reads(plan: Plan) -> set[str]:

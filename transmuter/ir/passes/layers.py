@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from transmuter.ir import arrays
 from transmuter.ir.graph import Graph, Model, Node, ValueInfo, subgraphs
 from transmuter.ir.passes.common import Context, Names, constants
 
@@ -201,12 +202,12 @@ def _as_scan(graph: Graph, found: Run, context: Context) -> Graph | None:
         return None  # one block reading a name that stands for two different weights
     known = constants(graph, context)
     for names in per_block:
-        arrays = [known.get(name) for name in names]
-        if any(a is None for a in arrays):
+        values = [known.get(name) for name in names]
+        if any(a is None for a in values):
             return None  # per-layer graph inputs (a KV cache): stacking them costs every call
-        if len({(a.dtype.str, a.shape) for a in arrays}) != 1:
+        if len({(a.dtype.str, a.shape) for a in values}) != 1:
             return None
-        if arrays[0].dtype == object:
+        if values[0].dtype == object:
             return None  # strings live on the host
     # In the Scan the state and the stacked weights are traced, whatever they were before.
     traced = {blocks[0][r].outputs[k] for r, k in carried} | {names[1] for names in per_block}
@@ -271,7 +272,10 @@ def _rewritten(graph, found: Run, blocks, carried, per_block, known) -> Graph:
     scan_inputs, slices = [], {}
     for group in per_block:
         stacked = names.fresh(group[0], "layers")
-        initializers[stacked] = np.stack([known[n] for n in group])
+        parts = [known[n] for n in group]
+        initializers[stacked] = arrays.stack(parts)
+        for part in parts:  # the file's pages they were read from, if any
+            arrays.release(part)
         scan_inputs.append(stacked)
         slices[group[1]] = names.fresh(group[1], "slice")
     body = _body(blocks, carries, slices, stacked_out, names, f"layers_{found.start}")

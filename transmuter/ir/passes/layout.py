@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from transmuter import dtypes
+from transmuter.ir import arrays
 from transmuter.ir.graph import Graph, Model, Node, subgraphs
 from transmuter.ir.passes.common import BROADCASTING, UNARY, Context, Names, known_values
 
@@ -245,7 +246,9 @@ class _Rewrite:
             return self.parent._store(name, suffix, make)
         if (name, suffix) not in self.stored:
             stored = self.names.fresh(name, suffix)
-            self.initializers[stored] = np.ascontiguousarray(make())
+            rearranged = make()
+            self.initializers[stored] = arrays.shareable(rearranged)  # copied once, as held
+            arrays.release(rearranged)  # the file's pages it was read from
             self.present.add(stored)
             self.stored[name, suffix] = stored
         return self.stored[name, suffix]
