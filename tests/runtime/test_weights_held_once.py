@@ -15,7 +15,9 @@ import jax
 import numpy as np
 import onnx
 import pytest
+from layered import layered_inputs, layered_model
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
 from opcheck import ort_run
 
 import transmuter
@@ -28,8 +30,8 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU alia
 def weights_model(rng, pad: int = 7) -> onnx.ModelProto:
     """y = Conv(x, K) flattened @ W, then MatMulInteger of its quantized values with an int8
     table (a device constant): float params, a kernel the layout pass rewrites, and an integer
-    weight. `pad` float32 values lead the initializers, so that in an external data file the
-    weights that follow start at unaligned offsets."""
+    weight. `pad` float32 values come before the weights in an external data file as onnx.save
+    packs it: 7 put W and T at offsets on a 64-byte boundary, 8 off it."""
     kernel = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
     w = rng.standard_normal((8 * 6 * 6, 256)).astype(np.float32)
     table = rng.integers(-128, 128, (256, 256)).astype(np.int8)
@@ -95,6 +97,9 @@ def test_device_weights_are_the_graphs_own_arrays(tmp_path, where, optimize):
     if optimize:  # the layout pass stored the kernel spatial axes first: an array it made
         assert "K__spatial_first" in model.params
     assert_held_once(model)
+    # At an aligned offset the weight is the file's pages themselves; elsewhere it was read.
+    in_file = arrays.file_pages(model.ir.graph.initializers["W"]) is not None
+    assert in_file == (where == "external aligned")
     out = transmuter.run(model, {"x": x})
     np.testing.assert_allclose(out["y"], expected[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(out["z"], expected[1])
@@ -248,3 +253,37 @@ def test_loading_rearranged_kernels_peaks_at_the_kernels_once(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     growth = float(done.stdout.strip().splitlines()[-1])
     assert growth < 1.4 * 144, f"the peak grew {growth} MiB loading 144 MiB of kernels"
+
+
+def save_aligned(proto: onnx.ModelProto, path: Path) -> None:
+    """`proto` with every initializer in `<path>.bin` at a 64-byte aligned offset (onnx.save
+    packs them end to end), so that each is memory-mapped when loaded."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    data = bytearray()
+    for tensor in proto.graph.initializer:
+        data += bytes(-len(data) % arrays.ALIGNMENT)
+        raw = numpy_helper.to_array(tensor).tobytes()
+        set_external_data(tensor, path.name + ".bin", len(data), len(raw))
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        data += raw
+    (path.parent / (path.name + ".bin")).write_bytes(bytes(data))
+    onnx.save(proto, path)
+
+
+def test_the_layers_pass_releases_the_file_pages_it_stacked(tmp_path, monkeypatch):
+    """Each layer's weight the layers pass stacks is released once copied: read from a mapped
+    file, its pages leave the process (the mechanism the layout case above measures)."""
+    proto, shapes = layered_model(18)
+    path = tmp_path / "m.onnx"
+    save_aligned(proto, path)
+    released, release = [], arrays.release
+    monkeypatch.setattr(arrays, "release", lambda a: released.append(a) or release(a))
+    model = transmuter.load(path)
+    stacked = [a for n, a in model.params.items() if n.endswith("__layers")]
+    assert len(stacked) == 5
+    mapped = [a for a in released if arrays.file_pages(a) is not None]
+    assert len(mapped) == sum(a.shape[0] for a in stacked)
+    inputs = layered_inputs(shapes)
+    want = transmuter.run(transmuter.load(proto, optimize=False), inputs)["y"]
+    np.testing.assert_allclose(np.asarray(transmuter.run(model, inputs)["y"]), want, 1e-5, 1e-5)

@@ -42,13 +42,19 @@ def release(array: np.ndarray) -> None:
     has made the copy it keeps instead: a model's file would otherwise stay resident until load
     ends, beside the copies (SD 1.5's UNet: its 2.3 GB of rearranged kernels). They come back
     from the page cache if read again; anything else is left alone."""
+    pages = file_pages(array)
+    if pages is not None and hasattr(mmap, "MADV_DONTNEED"):
+        pages.madvise(mmap.MADV_DONTNEED)
+
+
+def file_pages(array: np.ndarray) -> mmap.mmap | None:
+    """The `mapped_file` mapping `array` views, or None."""
     base = array
     while isinstance(base, np.ndarray):
         base = base.base
     if isinstance(base, memoryview):  # np.frombuffer's
         base = base.obj
-    if isinstance(base, _FilePages) and hasattr(mmap, "MADV_DONTNEED"):
-        base.madvise(mmap.MADV_DONTNEED)
+    return base if isinstance(base, _FilePages) else None
 
 
 def is_shareable(array: np.ndarray) -> bool:
