@@ -32,14 +32,14 @@ def stepped(pipe):
     compiles = {"count": 0}
     scheduler = pipe.scheduler
 
-    @jax.jit
+    @transmuter.jit  # the XLA options the pipeline's own program gets
     def encode(params, ids):
         compiles["count"] += 1
         return transmuter.run(pipe.text_encoder, {"input_ids": ids}, params=params)[
             "last_hidden_state"
         ]
 
-    @jax.jit
+    @transmuter.jit
     def step(params, tables, i, sample, hidden, guidance):
         compiles["count"] += 1
         scaled = scheduler.scale(tables, i, sample)
@@ -48,7 +48,7 @@ def stepped(pipe):
         output = unconditional + guidance * (conditional - unconditional)
         return scheduler.step(tables, i, 0, output, sample, (), None)[0]
 
-    @jax.jit
+    @transmuter.jit
     def decode(params, sample):
         compiles["count"] += 1
         out = transmuter.run(

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+import transmuter
 from transmuter.runtime import xla_options
 
 
@@ -44,3 +45,20 @@ def test_cpu_programs_keep_ynnpack_to_single_dots(monkeypatch):
 def test_a_users_xla_flags_setting_wins(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=dot")
     assert xla_options.compiler_options([jnp.ones(2)]) == {}
+
+
+def test_transmuter_jit_gives_a_program_of_ones_own_the_same_options(monkeypatch):
+    """The pipelines' own programs (the diffusion loop, decoding steps) and a user's jitted
+    function around `transmuter.run` compile as `transmuter.compile`'s do: SD 1.5's UNet took
+    3.6 s a call under plain jax.jit, 2.3-2.5 s with these options."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    args = [jnp.ones(s) for s in [(4096, 384), (384, 1536), (1536,), (1536, 384), (384,)]]
+    fused = _ynn_fusion_ops(transmuter.jit(_feed_forward).lower(*args).compile().as_text())
+    assert fused and all(ops <= {"parameter", "dot", "bitcast"} for ops in fused)
+
+    @transmuter.jit(static_argnames=("scale",))
+    def scaled(x, scale):
+        return _feed_forward(x, *args[1:]) * scale
+
+    want = jax.jit(_feed_forward)(*args) * 2
+    assert jnp.allclose(scaled(args[0], scale=2), want, rtol=1e-5, atol=1e-5)

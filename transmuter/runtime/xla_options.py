@@ -23,7 +23,12 @@ CPU = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 def compiler_options(args: Any) -> dict[str, str]:
     """The options for a program of the arrays `args` (a pytree), by their devices' platform."""
-    if _platform(jax.tree_util.tree_leaves(args)) != "cpu":
+    return for_platform(_platform(jax.tree_util.tree_leaves(args)))
+
+
+def for_platform(platform: str) -> dict[str, str]:
+    """The options for a program compiled for `platform` ("cpu", "gpu", ...)."""
+    if platform != "cpu":
         return {}
     return {k: v for k, v in CPU.items() if k not in os.environ.get("XLA_FLAGS", "")}
 

@@ -93,7 +93,7 @@ class Metrics:
         self.generated = Counter(
             "transmuter_generated_tokens", "tokens generated", registry=self.registry
         )
-        # The continuous batch compiles its own programs (jax.jit, not transmuter.compile).
+        # The continuous batch compiles its own programs (transmuter.jit, not transmuter.compile).
         self.generation_programs = Gauge(
             "transmuter_generation_programs", "programs the continuous batch compiled",
             registry=self.registry,

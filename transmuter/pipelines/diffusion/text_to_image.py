@@ -219,10 +219,12 @@ class TextToImage(Task):
             raise ModelLoadError(f"{repo.source}: the VAE's shift_factor is not supported")
         self.length, self.pad_id = self._text_settings()
         self.compiles = 0  # programs traced so far: one per (steps, size, batch, mode)
-        self._program = jax.jit(
+        self._program = transmuter.jit(
             self._generate, static_argnames=("guided", "rescaled", "report", "encode")
         )
-        self._noise = jax.jit(_noise, static_argnames=("shape", "steps", "stochastic", "encode"))
+        self._noise = transmuter.jit(
+            _noise, static_argnames=("shape", "steps", "stochastic", "encode")
+        )
         self._callback: Callable | None = None
         self._bar: Any = None
 

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import transmuter
 from transmuter import telemetry
 from transmuter.errors import InputError, ModelLoadError, Overloaded, ServingClosed
 from transmuter.pipelines.generation.decoder import (
@@ -141,11 +142,13 @@ class ContinuousGeneration:
         self.pad_id = pipeline._pad_id(Settings(eos=self.eos))
         self.programs = 0
         slot_state = ("past", "mask", "seen", "keys")
-        self._join_program = jax.jit(self._join_fn, donate_argnames=slot_state)
-        self._place_program = jax.jit(self._place_fn, donate_argnames=slot_state)
-        self._extend = jax.jit(self._extend_fn, donate_argnames=("past", "past_mask"))
-        self._step = jax.jit(self._step_fn, static_argnames=("window",), donate_argnames=("seen",))
-        self._write = jax.jit(_write_rows, donate_argnames=("past", "mask"))
+        self._join_program = transmuter.jit(self._join_fn, donate_argnames=slot_state)
+        self._place_program = transmuter.jit(self._place_fn, donate_argnames=slot_state)
+        self._extend = transmuter.jit(self._extend_fn, donate_argnames=("past", "past_mask"))
+        self._step = transmuter.jit(
+            self._step_fn, static_argnames=("window",), donate_argnames=("seen",)
+        )
+        self._write = transmuter.jit(_write_rows, donate_argnames=("past", "mask"))
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request | None] = [None] * slots

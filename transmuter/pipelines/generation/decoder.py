@@ -77,11 +77,11 @@ class Decoder:
         # closed-over concrete array stays concrete, so its If picks a branch on the host (a
         # numpy value would be staged as a traced input, and the branches differ in shape).
         self._branch = {flag: jnp.array([flag]) for flag in (False, True)}
-        self._prefill = jax.jit(self._prefill_step, static_argnames=("length", "rules"))
-        self._decode = jax.jit(
+        self._prefill = transmuter.jit(self._prefill_step, static_argnames=("length", "rules"))
+        self._decode = transmuter.jit(
             self._decode_step, static_argnames=("rules",), donate_argnames=("past", "mask")
         )
-        self._exact = jax.jit(self._exact_step, static_argnames=("use_cache", "rules"))
+        self._exact = transmuter.jit(self._exact_step, static_argnames=("use_cache", "rules"))
 
     # --- the steps (traced) ----------------------------------------------------------------
 

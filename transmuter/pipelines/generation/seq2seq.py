@@ -181,8 +181,8 @@ class Seq2SeqDecoder(_EncoderDecoder):
             raise ModelLoadError(f"{self.first.source} returns no {missing}")
         self.masked = "encoder_attention_mask" in self.first.inputs
         self.past_shapes = {n: past_shape(self.step, n) for n in (*self.own, *self.cross)}
-        self._start = jax.jit(self._start_step, static_argnames=("rules", "no_repeat"))
-        self._next = jax.jit(self._next_step, static_argnames=("rules", "no_repeat"))
+        self._start = transmuter.jit(self._start_step, static_argnames=("rules", "no_repeat"))
+        self._next = transmuter.jit(self._next_step, static_argnames=("rules", "no_repeat"))
 
     def encoder_params(self) -> Any:
         """The parameters `encode` reads."""
@@ -347,8 +347,8 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         pasts = [n for n in names if n.startswith(_PAST)] if self.merged else []
         self.past_shapes = {n: past_shape(self.decoder, n) for n in pasts}
         self.masked = "encoder_attention_mask" in names
-        self._start = jax.jit(self._start_step, static_argnames=("rules", "no_repeat"))
-        self._next = jax.jit(self._next_step, static_argnames=("rules", "no_repeat"))
+        self._start = transmuter.jit(self._start_step, static_argnames=("rules", "no_repeat"))
+        self._next = transmuter.jit(self._next_step, static_argnames=("rules", "no_repeat"))
 
     # --- the steps (traced) ----------------------------------------------------------------
 
