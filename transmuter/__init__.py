@@ -2,11 +2,11 @@
 
 `load` reads a model; `run` evaluates it (eagerly, or inside jax.jit / grad / vmap; `jit` is
 jax.jit with the XLA options `compile` uses); `compile` makes a callable that keeps one compiled
-program per input shape; `save` writes a model back to
-ONNX with new weights; `export` makes one StableHLO program with symbolic dims (`write_export`
-puts it on disk). `load_repo` and `pipeline` (transmuter.pipelines, needing the `pipelines`
-extra) run whole Hugging Face repositories as tasks; `Serving` batches concurrent callers of
-one (transmuter.serving; `transmuter serve` puts it behind HTTP).
+program per input shape; `save` writes a model back to ONNX with new weights; `export` makes one
+StableHLO program with symbolic dims (`write_export` puts it on disk). `load_repo` and
+`pipeline` (transmuter.pipelines, needing the `pipelines` extra) run whole Hugging Face
+repositories as tasks; `Serving` batches concurrent callers of one (transmuter.serving;
+`transmuter serve` puts it behind HTTP).
 """
 
 from __future__ import annotations
@@ -228,8 +228,8 @@ def compile(
 def jit(fun=None, /, **jit_kwargs):
     """`jax.jit(fun, **jit_kwargs)` with the XLA options `compile` gives its own programs on the
     default backend (runtime/xla_options.py), for a program of your own around `run`: SD 1.5's
-    UNet took 3.6 s a call under plain `jax.jit` on a 2-core AVX-512 CPU, 2.3-2.5 s so. Options
-    in `compiler_options=` win; usable as a decorator, with or without arguments."""
+    UNet took 3.6 s a call under plain `jax.jit` on a 2-core AVX-512 CPU, 2.3-2.5 s with them.
+    Options in `compiler_options=` win; usable as a decorator, with or without arguments."""
     if fun is None:
         return lambda f: jit(f, **jit_kwargs)
     options = xla_options.for_platform(jax.default_backend())

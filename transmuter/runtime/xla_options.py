@@ -1,4 +1,5 @@
-"""The XLA compiler options every program the runtime compiles gets, per platform.
+"""The XLA compiler options every program the runtime compiles gets, per platform (and every
+program `transmuter.jit` makes: the pipelines' loops, a user's own function around `run`).
 
 CPU: XLA's YNNPACK fusion pass (on by default in jaxlib 0.10) merges chains of matmuls and the
 elementwise work between them into one library call, and computes every broadcast operand of
