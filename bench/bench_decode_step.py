@@ -6,7 +6,8 @@
 
 Each row has 64 positions of past (the step's smallest window) and one new token. Transmuter
 runs the pipeline decoder's `step_past` jitted alone, as the step program runs it, with the
-compiler options of each route; ONNX Runtime (CPUExecutionProvider, default optimizations)
+compiler options of each route and as `transmuter.jit` compiles it (the runtime's choice, by the
+program's dots); ONNX Runtime (CPUExecutionProvider, default optimizations)
 runs the model with the same past, in the same process, rounds alternating between engines.
 Routes are XLA:CPU's options for the program only (jax.jit's compiler_options), never XLA_FLAGS.
 `--products` times the step's weight shapes as single products instead: ONNX Runtime's MatMul
@@ -31,9 +32,11 @@ from transmuter import cpu
 ROOT = Path(__file__).resolve().parents[1]
 PAST = 64
 YNN = "xla_cpu_experimental_ynn_fusion_type"
+# Options per route; None is the runtime's own choice (transmuter.jit: by the program's dots).
 ROUTES = {
+    "the runtime's choice": None,
     "XLA default": {},
-    "YNNPACK single dots (runtime's)": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    "YNNPACK single dots": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
     "no YNNPACK (Eigen)": {YNN: ""},
     "oneDNN": {"xla_cpu_use_onednn": True, YNN: ""},
 }
@@ -59,6 +62,10 @@ def timed(call) -> float:
     return time.perf_counter() - start
 
 
+def _jitted(fun, options: dict | None):
+    return transmuter.jit(fun) if options is None else jax.jit(fun, compiler_options=options)
+
+
 def step_engines(decoder, params, session, rows: int, config: dict, routes, rng) -> dict:
     """Each route's step and ONNX Runtime's on the same `rows` random rows: name -> a call
     returning the last logits."""
@@ -67,7 +74,7 @@ def step_engines(decoder, params, session, rows: int, config: dict, routes, rng)
             {k: jnp.asarray(v) for k, v in past.items()}, jnp.asarray(mask))  # fmt: skip
     engines = {}
     for route in routes:
-        step = jax.jit(decoder.step_past, compiler_options=ROUTES[route])
+        step = _jitted(decoder.step_past, ROUTES[route])
 
         def run(step=step):
             logits, new = step(*args)
@@ -87,9 +94,10 @@ def step_engines(decoder, params, session, rows: int, config: dict, routes, rng)
     return engines
 
 
-def product_engines(k: int, n: int, rows: int, rng) -> dict:
+def product_engines(k: int, n: int, rows: int, routes, rng) -> dict:
     """One product [rows, k] x [k, n] (a weight of the step's), as ONNX Runtime's MatMul of an
-    initializer and as XLA's dot of the weight stored [k, n] or transposed, [n, k]."""
+    initializer and as XLA's dot of the weight stored [k, n] under each route, or transposed,
+    [n, k], under the runtime's."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
@@ -103,13 +111,14 @@ def product_engines(k: int, n: int, rows: int, rng) -> dict:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     stored, transposed, xd = jnp.asarray(weight), jnp.asarray(weight.T.copy()), jnp.asarray(x)
-    plain = jax.jit(lambda x, w: x @ w)
-    swapped = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w))
-    return {
-        "XLA, weight [k, n]": lambda: np.asarray(plain(xd, stored)),
-        "XLA, weight stored [n, k]": lambda: np.asarray(swapped(xd, transposed)),
-        "ONNX Runtime": lambda: session.run(None, {"x": x})[0],
-    }
+    engines = {}
+    for route in routes:
+        plain = _jitted(lambda x, w: x @ w, ROUTES[route])
+        engines[route] = lambda plain=plain: np.asarray(plain(xd, stored))
+    swapped = transmuter.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w))
+    engines["weight stored [n, k], runtime's"] = lambda: np.asarray(swapped(xd, transposed))
+    engines["ONNX Runtime"] = lambda: session.run(None, {"x": x})[0]
+    return engines
 
 
 def compare(title: str, engines: dict, rounds: int) -> None:
@@ -147,7 +156,9 @@ def main() -> None:
         for k, n in ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257)):
             for rows in args.rows:
                 compare(
-                    f"[{rows}, {k}] x [{k}, {n}]", product_engines(k, n, rows, rng), args.rounds
+                    f"[{rows}, {k}] x [{k}, {n}]",
+                    product_engines(k, n, rows, args.routes, rng),
+                    args.rounds,
                 )
         return
     pipe = transmuter.pipeline("text-generation", args.repo)

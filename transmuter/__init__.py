@@ -226,15 +226,14 @@ def compile(
 
 
 def jit(fun=None, /, **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` with the XLA options `compile` gives its own programs on the
-    default backend (runtime/xla_options.py), for a program of your own around `run`: SD 1.5's
-    UNet took 3.6 s a call under plain `jax.jit` on a 2-core AVX-512 CPU, 2.3-2.5 s with them.
-    Options in `compiler_options=` win; usable as a decorator, with or without arguments."""
+    """`jax.jit(fun, **jit_kwargs)` with the XLA options `compile` gives its own programs, chosen
+    by the platform and each program's dots (runtime/xla_options.py), for a program of your own
+    around `run`: SD 1.5's UNet took 3.6 s a call under plain `jax.jit` on a 2-core AVX-512 CPU,
+    2.3-2.5 s with them. A call with new argument types lowers its program first to read the
+    dots. Options in `compiler_options=` win; usable as a decorator, with or without arguments."""
     if fun is None:
         return lambda f: jit(f, **jit_kwargs)
-    options = xla_options.for_platform(jax.default_backend())
-    options.update(jit_kwargs.pop("compiler_options", None) or {})
-    return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
+    return xla_options.Jitted(fun, jit_kwargs)
 
 
 def save(

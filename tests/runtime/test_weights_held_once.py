@@ -28,19 +28,24 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU alia
 
 
 def weights_model(rng, pad: int = 7) -> onnx.ModelProto:
-    """y = Conv(x, K) flattened @ W, then MatMulInteger of its quantized values with an int8
+    """y = Conv(x, K) flattened @ W, and z = MatMulInteger of x's quantized values with an int8
     table (a device constant): float params, a kernel the layout pass rewrites, and an integer
-    weight. `pad` float32 values come before the weights in an external data file as onnx.save
+    weight. z quantizes the input, not y: a float product's last bit differs between CPUs' dot
+    kernels, and a dynamic quantizer's range turns it into other integers. `pad` float32 values come before the weights in an external data file as onnx.save
     packs it: 7 put W and T at offsets on a 64-byte boundary, 8 off it."""
     kernel = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
     w = rng.standard_normal((8 * 6 * 6, 256)).astype(np.float32)
-    table = rng.integers(-128, 128, (256, 256)).astype(np.int8)
+    # 7-bit values, as ORT's quantizer's reduce_range makes them: its u8 x s8 kernel on AVX2
+    # without VNNI adds products in pairs in int16 and saturates past that (onnx.reference and
+    # Transmuter agree on the full range; that ORT does not). 96 KiB: a device constant.
+    table = rng.integers(-64, 64, (3 * 8 * 8, 512)).astype(np.int8)
     nodes = [
         helper.make_node("Conv", ["x", "K"], ["c"]),
         helper.make_node("Relu", ["c"], ["r"]),
         helper.make_node("Reshape", ["r", "flat"], ["f"]),
         helper.make_node("MatMul", ["f", "W"], ["y"]),
-        helper.make_node("Add", ["y", "lead"], ["shifted"]),
+        helper.make_node("Reshape", ["x", "flat"], ["rows"]),
+        helper.make_node("Add", ["rows", "lead"], ["shifted"]),
         helper.make_node("DynamicQuantizeLinear", ["shifted"], ["q", "q_scale", "q_zero"]),
         helper.make_node("MatMulInteger", ["q", "T", "q_zero"], ["z"]),
     ]
@@ -58,7 +63,7 @@ def weights_model(rng, pad: int = 7) -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
         [
             helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256]),
-            helper.make_tensor_value_info("z", TensorProto.INT32, [2, 256]),
+            helper.make_tensor_value_info("z", TensorProto.INT32, [2, 512]),
         ],
         initializers,
     )
@@ -101,7 +106,7 @@ def test_device_weights_are_the_graphs_own_arrays(tmp_path, where, optimize):
     in_file = arrays.file_pages(model.ir.graph.initializers["W"]) is not None
     assert in_file == (where == "external aligned")
     out = transmuter.run(model, {"x": x})
-    np.testing.assert_allclose(out["y"], expected[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["y"], expected[0], rtol=1e-5, atol=1e-4)  # |y| to 100
     np.testing.assert_array_equal(out["z"], expected[1])
 
 

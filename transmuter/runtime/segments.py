@@ -314,7 +314,7 @@ class SegmentRunner:
                     lower = traced.lower
                 lowered = lower()
                 lowered_at = time.perf_counter()
-                options = compiler_options(device_args)
+                options = compiler_options(lowered, device_args)
                 compiled, disk = compile_lowered(lowered, lower, options)
                 if disk == "hit":
                     compiled = guarded(compiled, jax.config.jax_compilation_cache_dir)
