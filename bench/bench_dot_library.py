@@ -52,6 +52,16 @@ def alternate(calls: dict, rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def report(label: str, calls: dict, rounds: int) -> None:
+    """One line: each library's median time for `calls` (library -> call), and their ratio."""
+    took = alternate(calls, rounds)
+    ynn, own = (took[name] * 1e3 for name in LIBRARIES)
+    print(
+        f"{label}  YNNPACK {ynn:8.3f} ms  Eigen {own:8.3f} ms  Eigen/YNNPACK {own / ynn:.2f}",
+        flush=True,
+    )
+
+
 @contextlib.contextmanager
 def with_library(options: dict[str, str]):
     """`transmuter.compile` with its programs' dot library forced to `options`."""
@@ -73,13 +83,7 @@ def models(only: list[str] | None, rounds: int) -> None:
             with with_library(options):  # compile runs the example: every program compiles here
                 compiled = transmuter.compile(model, work.inputs)
             calls[name] = functools.partial(compiled, work.inputs)
-        took = alternate(calls, rounds)
-        ynn, own = (took[name] * 1e3 for name in LIBRARIES)
-        print(
-            f"{work.model:12s} {work.case:26s} YNNPACK {ynn:9.2f} ms  Eigen {own:9.2f} ms  "
-            f"Eigen/YNNPACK {own / ynn:.3f}",
-            flush=True,
-        )
+        report(f"{work.model:12s} {work.case:26s}", calls, rounds)
 
 
 def dots(rounds: int) -> None:
@@ -97,13 +101,7 @@ def dots(rounds: int) -> None:
             for name, options in LIBRARIES.items():
                 calls[name] = functools.partial(jax.jit(dot, compiler_options=options), a, b)
                 calls[name]().block_until_ready()
-            took = alternate(calls, rounds)
-            ynn, own = (took[name] * 1e3 for name in LIBRARIES)
-            print(
-                f"{kind:8s} [{m}, {k}] x [{k}, {n}]  YNNPACK {ynn:7.3f} ms  Eigen {own:7.3f} ms  "
-                f"Eigen/YNNPACK {own / ynn:.2f}",
-                flush=True,
-            )
+            report(f"{kind:8s} [{m}, {k}] x [{k}, {n}]", calls, rounds)
 
 
 def main() -> None:
