@@ -29,7 +29,8 @@ MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
 
 def run_cases(*args: str, devices: int = 8) -> subprocess.Popen:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    env = {**os.environ, "XLA_FLAGS": flags.strip()}
     return subprocess.Popen(
         [sys.executable, str(CASES), *args],
         env=env,

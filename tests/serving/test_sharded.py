@@ -18,7 +18,10 @@ from test_http import REPOS, TEXTS, Running, normalized
 import transmuter
 from transmuter.errors import InputError
 
-FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+# Beside the suite's own XLA_FLAGS (tests/conftest.py), which the servers' processes keep.
+FOUR_DEVICES = {
+    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+}
 
 ON_A_MESH = """
 import json, sys
