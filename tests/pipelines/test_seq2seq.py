@@ -20,6 +20,7 @@ from fixtures.waveforms import waveforms
 import transmuter
 from transmuter.errors import InputError, ModelLoadError
 from transmuter.pipelines.audio.features import log_mel
+from transmuter.pipelines.generation import seq2seq
 from transmuter.pipelines.shapes import ProgramBudget
 
 
@@ -74,6 +75,22 @@ def test_t5_first_tokens_and_no_recompiles(t5):
     texts = t5(want["texts"], max_new_tokens=4, **want["options"])
     assert len(texts) == 3 and all(isinstance(t["generated_text"], str) for t in texts)
     assert t5.programs == before
+
+
+def test_the_token_choice_is_one_program_for_every_step_and_pipeline(monkeypatch):
+    # "past" compiles a program per step; the token choice (the sort, softmax and draws that
+    # sampling needs: a third of such a program's compile) is traced once for the process, not
+    # in each of them (six here), and not at all where an earlier test traced it.
+    traced = []
+    choose = seq2seq.choose
+    monkeypatch.setattr(seq2seq, "choose", lambda *a, **k: traced.append(1) or choose(*a, **k))
+    want = expected("t5")["batch"]
+    for _ in range(2):
+        t5 = transmuter.pipeline("text2text-generation", REPOS / "t5", num_beams=1)
+        got = t5.generate(want["input_ids"], max_new_tokens=3, **want["options"])
+        assert got == [row[:3] for row in want["new_tokens"]]
+        assert t5.programs == 3  # the first step (with the encoder) and two more
+    assert len(traced) <= 1
 
 
 def test_padded_decoding_of_forty_tokens_compiles_four_programs(t5_padded):

@@ -8,10 +8,15 @@ top-k and top-p before sampling; a forced first or last token overrides the choi
 per request (temperature, top_k, top_p, the penalty, the minimum length, greedy or sampled) is
 an array with a value per row (`Sampling`), so a new value compiles nothing; what decides a
 program's structure (which ids end a sequence or are suppressed or forced: `Rules`) is static.
+
+A decoding whose steps compile per step (a past that grows a token a step) chooses in a
+program of its own, `shared_program(choose, "rules")`, compiled once per (rows, vocabulary,
+rules) for the process rather than inside each step (seq2seq.py says what it saves).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -19,6 +24,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import transmuter
 
 
 class Sampling(NamedTuple):
@@ -162,6 +169,14 @@ def _sampled(logits, greedy, step, keys, sampling: Sampling):
     scaled = jnp.where((top_p[:, None] < 1.0) & (scaled < cutoff[:, None]), -jnp.inf, scaled)
     draw = jax.vmap(lambda key, s, row: jax.random.categorical(jax.random.fold_in(key, s), row))
     return jnp.where(temperature > 0, draw(keys, step, scaled), greedy)
+
+
+@functools.cache
+def shared_program(fun: Callable, *static: str) -> Callable:
+    """`transmuter.jit(fun)` with the keyword arguments `static` static, one for the process
+    (its compiled programs shared by every decoder and pipeline), made on first use so that
+    importing touches no JAX backend."""
+    return transmuter.jit(fun, static_argnames=static)
 
 
 def row_keys(key: Any, batch: int):

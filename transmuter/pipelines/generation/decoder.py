@@ -11,7 +11,8 @@ ids do. Logits never leave the device: the step chooses the next token with choi
 nothing) and returns only it; choice.py's `decode_loop` runs the steps.
 
 An export without `position_ids` computes positions from the past's length, which the buffer
-would give wrongly; it runs each prompt alone at exact shapes instead (a program per token).
+would give wrongly; it runs each prompt alone at exact shapes instead (a program per token,
+the model's alone: the token is chosen by choice.py's `shared_program(choose)`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from transmuter.pipelines.generation.choice import (
     mark_seen,
     row_keys,
     seen_tokens,
+    shared_program,
 )
 from transmuter.pipelines.shapes import ProgramBudget, pow2
 
@@ -81,7 +83,7 @@ class Decoder:
         self._decode = transmuter.jit(
             self._decode_step, static_argnames=("rules",), donate_argnames=("past", "mask")
         )
-        self._exact = transmuter.jit(self._exact_step, static_argnames=("use_cache", "rules"))
+        self._exact = transmuter.jit(self._exact_step, static_argnames=("use_cache",))
 
     # --- the steps (traced) ----------------------------------------------------------------
 
@@ -157,15 +159,12 @@ class Decoder:
         past_mask = jax.lax.dynamic_update_slice_in_dim(past_mask, mask, offset, axis=1)
         return out["logits"][:, -1], updated, past_mask
 
-    def _exact_step(
-        self, params, ids, mask, positions, seen, step, keys, sampling, past, *, use_cache, rules
-    ):
+    def _exact_step(self, params, ids, mask, positions, past, *, use_cache):
         self.programs += 1
         out = transmuter.run(
             self.model, self._inputs(ids, mask, positions, past, use_cache), params=params
         )
-        present = {name: out[self.presents[name]] for name in self.pasts}
-        return choose(out["logits"][:, -1], seen, step, keys, sampling, rules), present
+        return out["logits"][:, -1], {name: out[self.presents[name]] for name in self.pasts}
 
     def shapes(self):
         """Each past input's name, and its (heads, head size) and dtype."""
@@ -242,11 +241,12 @@ class Decoder:
 
         def run(ids, positions, index):
             mask = np.ones((1, state["length"]), np.int64)
-            token, state["past"] = self._exact(
-                self.model.params, ids, mask, positions, state["seen"], jnp.int32(index), keys,
-                sampling, state["past"], use_cache=index > 0, rules=rules,
-            )  # fmt: skip
-            return token
+            logits, state["past"] = self._exact(
+                self.model.params, ids, mask, positions, state["past"], use_cache=index > 0
+            )
+            return shared_program(choose, "rules")(
+                logits, state["seen"], jnp.int32(index), keys, sampling, rules=rules
+            )
 
         def step(token, index):
             state["seen"] = mark_seen(state["seen"], token)

@@ -2,15 +2,20 @@
 
 `decoding="past"` (`Seq2SeqDecoder`, the default): the encoder runs once, in the same program
 as the decoder's first step (the decoder prompt: the start token, or Whisper's forced tokens),
-which returns the first token, the self-attention's keys and values and the cross-attention's
+which returns the first logits, the self-attention's keys and values and the cross-attention's
 (computed from the encoder's states once, then passed to every step as past inputs, as
 Optimum's with-past decoder takes them). Each later step runs the with-past decoder on one
-token; keys, values and the chosen token stay on the device, and the token is chosen inside
-the step (choice.py's `choose`). Optimum's encoder-decoder decoders take no self-attention mask
-and compute their positions (BART's learned ones, T5's relative bias, Whisper's) from the
-past's length, so the past cannot sit in a padded buffer as `generation.Decoder` keeps a
-decoder-only model's: it grows by one token per step, a program per (batch, encoder length,
-step), about a second of compiling per token the first time, and the cheapest steps after.
+token; logits, keys and values stay on the device. Optimum's encoder-decoder decoders take no
+self-attention mask and compute their positions (BART's learned ones, T5's relative bias,
+Whisper's) from the past's length, so the past cannot sit in a padded buffer as
+`generation.Decoder` keeps a decoder-only model's: it grows by one token per step, a program
+per (batch, encoder length, step), about a second of compiling per token the first time, and
+the cheapest steps after.
+
+Both decodings choose each token in a program of its own (`_chosen`: choice.py's `choose`, or a
+beam search's scores), compiled once per (rows, vocabulary, settings) for the whole process:
+inside each step, its sort and draws for sampling took 0.55 s of a per-step program's 1.55 s
+of compiling on a tiny GPT-2 decoder. It costs one dispatch more per token.
 
 `decoding="padded"` (`PaddedSeq2SeqDecoder`): every step runs the no-past decoder
 (decoder_model.onnx, or decoder_model_merged.onnx's no-past branch) on the whole sequence so
@@ -60,6 +65,7 @@ from transmuter.pipelines.generation.choice import (
     mark_seen,
     row_keys,
     seen_tokens,
+    shared_program,
 )
 from transmuter.pipelines.generation.decoder import past_layout, past_shape, vocab_size
 from transmuter.pipelines.repo import Repo
@@ -181,8 +187,8 @@ class Seq2SeqDecoder(_EncoderDecoder):
             raise ModelLoadError(f"{self.first.source} returns no {missing}")
         self.masked = "encoder_attention_mask" in self.first.inputs
         self.past_shapes = {n: past_shape(self.step, n) for n in (*self.own, *self.cross)}
-        self._start = transmuter.jit(self._start_step, static_argnames=("rules", "no_repeat"))
-        self._next = transmuter.jit(self._next_step, static_argnames=("rules", "no_repeat"))
+        self._start = transmuter.jit(self._start_step)
+        self._next = transmuter.jit(self._next_step, static_argnames=("no_repeat",))
 
     def encoder_params(self) -> Any:
         """The parameters `encode` reads."""
@@ -202,11 +208,9 @@ class Seq2SeqDecoder(_EncoderDecoder):
         out = transmuter.run(self.embed, {"input_ids": ids}, params=params)
         return {"inputs_embeds": out["inputs_embeds"]}
 
-    def _start_step(
-        self, params, encoder_inputs, prompt, seen, keys, sampling, last, history, running, *,
-        rules, no_repeat,
-    ):  # fmt: skip
-        """Encode, then run the decoder on the prompt; the first token (`_pick`)."""
+    def _start_step(self, params, encoder_inputs, prompt):
+        """Encode, then run the decoder on the prompt: its last logits, the pasts it returns
+        and the inputs every later step reads (the encoder's states and mask)."""
         self.programs += 1
         encoder_params, first_params, embed_params = params
         hidden, mask = self.encode(encoder_params, encoder_inputs)
@@ -222,12 +226,7 @@ class Seq2SeqDecoder(_EncoderDecoder):
         present = {n: out[self.presents[n]] for n in (*self.own, *self.cross)}
         context = {"encoder_attention_mask": mask, "encoder_hidden_states": hidden}
         context = {k: v for k, v in context.items() if k in self.step.inputs}
-        logits = out["logits"][:, -1]
-        picked = _pick(
-            logits, seen, 0, keys, sampling, rules, last, history, prompt.shape[1], no_repeat,
-            running,
-        )  # fmt: skip
-        return picked, present, context
+        return out["logits"][:, -1], present, context
 
     def _next_step(
         self,
@@ -235,23 +234,16 @@ class Seq2SeqDecoder(_EncoderDecoder):
         token,
         past,
         context,
-        seen,
-        step,
-        keys,
-        sampling,
-        last,
         history,
         length,
         order,
-        running,
         *,
-        rules,
         no_repeat,
     ):
-        """One token through the with-past decoder: the next token (`_pick`), the grown
-        self-attention past, and the decoder's tokens so far (`length` of them, `token` the
-        last) where n-grams are banned. In a beam search `order` is the row each row continues:
-        its past and tokens are that row's."""
+        """One token through the with-past decoder: its logits, the grown self-attention past,
+        and the decoder's tokens so far (`length` of them, `token` the last) where n-grams are
+        banned. In a beam search `order` is the row each row continues: its past and tokens
+        are that row's."""
         self.programs += 1
         step_params, embed_params = params
         if order is not None:
@@ -262,15 +254,11 @@ class Seq2SeqDecoder(_EncoderDecoder):
             inputs["use_cache_branch"] = self._branch[True]
         out = transmuter.run(self.step, inputs, params=step_params)
         grown = {n: out[self.presents[n]] for n in self.own}
-        logits = out["logits"][:, -1]
         if no_repeat:
             history = jax.lax.dynamic_update_slice_in_dim(
                 history, token[:, None].astype(history.dtype), length - 1, axis=1
             )
-        picked = _pick(
-            logits, seen, step, keys, sampling, rules, last, history, length, no_repeat, running
-        )
-        return picked, grown, history
+        return out["logits"][:, -1], grown, history
 
     # --- the loop (host) -------------------------------------------------------------------
 
@@ -295,26 +283,30 @@ class Seq2SeqDecoder(_EncoderDecoder):
 
         def first(running=None):
             params = (self.encoder_params(), self.first.params, embed_params)
-            found, present, state["context"] = self._start(
-                params, encoder_inputs, ids, state["seen"], keys, sampling, max_new_tokens == 1,
-                history, _device(running), rules=rules, no_repeat=no_repeat,
-            )  # fmt: skip
+            logits, present, state["context"] = self._start(params, encoder_inputs, ids)
             state["cross"] = {n: present[n] for n in self.cross}
             state["past"] = {n: present[n] for n in self.own}
-            return found
+            return _chosen(
+                logits, state["seen"], jnp.int32(0), keys, sampling, max_new_tokens == 1,
+                history, jnp.int32(len(prompt)), _device(running), rules=rules,
+                no_repeat=no_repeat,
+            )  # fmt: skip
 
         def step(token, index, order=None, running=None):
             token, order = jnp.asarray(token), _device(order)
             if order is not None:
                 state["seen"] = jnp.take(state["seen"], order, axis=0)
             state["seen"] = mark_seen(state["seen"], token)
-            found, state["past"], state["history"] = self._next(
+            length = jnp.int32(len(prompt) + index)
+            logits, state["past"], state["history"] = self._next(
                 (self.step.params, embed_params), token, {**state["past"], **state["cross"]},
-                state["context"], state["seen"], jnp.int32(index), keys, sampling,
-                index == max_new_tokens - 1, state["history"], jnp.int32(len(prompt) + index),
-                order, _device(running), rules=rules, no_repeat=no_repeat,
+                state["context"], state["history"], length, order, no_repeat=no_repeat,
             )  # fmt: skip
-            return found
+            return _chosen(
+                logits, state["seen"], jnp.int32(index), keys, sampling,
+                index == max_new_tokens - 1, state["history"], length, _device(running),
+                rules=rules, no_repeat=no_repeat,
+            )  # fmt: skip
 
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
             return _loop(first, step, batch, max_new_tokens, settings, on_token)
@@ -347,38 +339,26 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         pasts = [n for n in names if n.startswith(_PAST)] if self.merged else []
         self.past_shapes = {n: past_shape(self.decoder, n) for n in pasts}
         self.masked = "encoder_attention_mask" in names
-        self._start = transmuter.jit(self._start_step, static_argnames=("rules", "no_repeat"))
-        self._next = transmuter.jit(self._next_step, static_argnames=("rules", "no_repeat"))
+        self._start = transmuter.jit(self._start_step)
+        self._next = transmuter.jit(self._next_step)
 
     # --- the steps (traced) ----------------------------------------------------------------
 
-    def _start_step(
-        self, params, encoder_inputs, ids, length, seen, keys, sampling, last, running, *,
-        rules, no_repeat,
-    ):  # fmt: skip
-        """Encode, then the first new token after the prompt `ids[:, :length]` (`_pick`)."""
+    def _start_step(self, params, encoder_inputs, ids, length):
+        """Encode, then the logits after the prompt `ids[:, :length]`, and the encoder's
+        states and mask that every later step reads."""
         self.programs += 1
         encoder_params, decoder_params = params
         hidden = transmuter.run(self.encoder, encoder_inputs, params=encoder_params)
         context = {"encoder_hidden_states": hidden["last_hidden_state"]}
         if self.masked:
             context["encoder_attention_mask"] = encoder_inputs.get("attention_mask")
-        logits = self._logits(decoder_params, ids, length, context)
-        picked = _pick(
-            logits, seen, 0, keys, sampling, rules, last, ids, length, no_repeat, running
-        )
-        return picked, context
+        return self._logits(decoder_params, ids, length, context), context
 
-    def _next_step(
-        self, params, ids, length, context, seen, step, keys, sampling, last, running, *,
-        rules, no_repeat,
-    ):  # fmt: skip
-        """The token after `ids[:, :length]` (`_pick`)."""
+    def _next_step(self, params, ids, length, context):
+        """The logits after `ids[:, :length]`."""
         self.programs += 1
-        logits = self._logits(params, ids, length, context)
-        return _pick(
-            logits, seen, step, keys, sampling, rules, last, ids, length, no_repeat, running
-        )
+        return self._logits(params, ids, length, context)
 
     def _logits(self, params, ids, length, context):
         inputs = {"input_ids": ids, **context}
@@ -406,12 +386,12 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
 
         def first(running=None):
             params = (self.encoder.params, self.decoder.params)
-            found, state["context"] = self._start(
-                params, encoder_inputs, ids, np.int32(len(prompt)), state["seen"], keys,
-                sampling, max_new_tokens == 1, _device(running), rules=rules,
-                no_repeat=no_repeat,
+            length = np.int32(len(prompt))
+            logits, state["context"] = self._start(params, encoder_inputs, ids, length)
+            return _chosen(
+                logits, state["seen"], jnp.int32(0), keys, sampling, max_new_tokens == 1, ids,
+                length, _device(running), rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
-            return found
 
         def step(token, index, order=None, running=None):
             length = len(prompt) + index  # the tokens so far, `token` the last
@@ -420,10 +400,13 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
                 state["seen"] = jnp.take(state["seen"], jnp.asarray(order), axis=0)
             state["seen"] = mark_seen(state["seen"], jnp.asarray(token))
             state["ids"] = self._appended(state["ids"], length - 1, np.asarray(token))
-            return self._next(
-                self.decoder.params, state["ids"], np.int32(length), state["context"],
-                state["seen"], jnp.int32(index), keys, sampling, index == max_new_tokens - 1,
-                _device(running), rules=rules, no_repeat=no_repeat,
+            logits = self._next(
+                self.decoder.params, state["ids"], np.int32(length), state["context"]
+            )
+            return _chosen(
+                logits, state["seen"], jnp.int32(index), keys, sampling,
+                index == max_new_tokens - 1, state["ids"], np.int32(length), _device(running),
+                rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
 
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
@@ -479,7 +462,12 @@ def _device(value):
     return None if value is None else jnp.asarray(value)
 
 
-def _pick(logits, seen, step, keys, sampling, rules, last, history, length, no_repeat, running):
+def _chosen(*args, **kwargs):
+    """`_pick` in its program, shared by every step (choice.py's `shared_program`)."""
+    return shared_program(_pick, "rules", "no_repeat")(*args, **kwargs)
+
+
+def _pick(logits, seen, step, keys, sampling, last, history, length, running, *, rules, no_repeat):
     """(Traced.) The next token of each row (`choose`, after `_no_repeat` where n-grams are
     banned); in a beam search (`running`: each input row's beams' scores [batch, beams]) each
     input row's best continuations over its beams instead (`_best_continuations`)."""
