@@ -31,6 +31,7 @@ from transmuter.errors import (
 from transmuter.frontend import hub, load_model
 from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
+from transmuter.ir.last_position import last_position as at_last_position
 from transmuter.runtime import CompiledModel, Model, run, sharding, xla_options
 from transmuter.runtime.disk_cache import use_persistent_cache
 from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
@@ -87,6 +88,7 @@ def load(
     model_axis: str | None = None,
     param_sharding: Mapping[str, jax.sharding.PartitionSpec] | None = None,
     optimize: bool | Sequence[str] = True,
+    last_position: Sequence[str] = (),
 ) -> Model:
     """Load an ONNX model from a path, bytes, `onnx.ModelProto`, or the Hugging Face Hub:
     `"hf://org/repo/path/model.onnx"` or `("hf", "org/repo", "path/model.onnx")`, at `revision`
@@ -113,6 +115,11 @@ def load(
     repeated layers stacked along a new first axis (`<first layer's name>__layers`), read by
     one Scan. `[*transmuter.ir.passes.DEFAULT, "dequantize"]` also holds 4-bit MatMulNBits
     weights as float32 (8x their memory, for float32 speed).
+
+    last_position: outputs (of rank 2 or more) computed at their last position only, on the
+    axis before the last (size 1 there): a language model's logits [batch, 1, vocabulary] where
+    generation reads the last token's. A last MatMul then multiplies that position's row only
+    (transmuter/ir/last_position.py).
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(
@@ -125,6 +132,8 @@ def load(
         if hub_file is not None:
             source = hub.fetch(hub_file)
         graph = load_model(source)
+        if last_position:
+            graph = at_last_position(graph, last_position)
         if compute_type is not None:
             graph = with_compute_type(graph, compute_type)
         elif runs_half_in_float32(graph):

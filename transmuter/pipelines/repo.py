@@ -75,7 +75,10 @@ class Repo:
     pooling: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
     found: list[str] = field(default_factory=list)  # every file found, for error messages
-    _models: dict[str, transmuter.Model] = field(default_factory=dict, repr=False)
+    # By role and the outputs loaded at their last position only.
+    _models: dict[tuple[str, tuple[str, ...]], transmuter.Model] = field(
+        default_factory=dict, repr=False
+    )
     _load_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def shard(self, mesh: Any, model_axis: str | None = None) -> None:
@@ -84,20 +87,25 @@ class Repo:
         adding the collectives. Placement happens as a model is read, so before any is."""
         if self._models:
             raise InputError(
-                f"{self.source}: {sorted(self._models)} already loaded on one device; shard the "
+                f"{self.source}: {sorted({role for role, _ in self._models})} already loaded on "
+                "one device; shard the "
                 "repo before a pipeline loads its models"
             )
         self._load_options = {"mesh": mesh, "model_axis": model_axis}
 
-    def model(self, role: str) -> transmuter.Model:
-        """The ONNX file of `role`, loaded once."""
+    def model(self, role: str, *, last_position: tuple[str, ...] = ()) -> transmuter.Model:
+        """The ONNX file of `role`, loaded once (for each `last_position`: the outputs
+        `transmuter.load` computes at their last position only)."""
         if role not in self.onnx:
             raise ModelLoadError(
                 f"{self.source} has no {ROLES.get(role, role)}.onnx; found {self.found}"
             )
-        if role not in self._models:
-            self._models[role] = transmuter.load(self.onnx[role], **self._load_options)
-        return self._models[role]
+        key = (role, last_position)
+        if key not in self._models:
+            self._models[key] = transmuter.load(
+                self.onnx[role], last_position=last_position, **self._load_options
+            )
+        return self._models[key]
 
     def require_tokenizer(self, task: str) -> Any:
         """A copy of the repository's tokenizer for one task: a task sets its own truncation

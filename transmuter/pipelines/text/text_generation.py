@@ -113,7 +113,9 @@ class TextGeneration(Task):
                 f"(decoder_model_merged.onnx, decoder_with_past_model.onnx or model.onnx); "
                 f"found {repo.found}"
             )
-        model = repo.model(role)
+        # Generation reads the last position's logits: a prefill's vocabulary product is then
+        # one row's, not every prompt token's (a fifth of GPT-2-small's prefill).
+        model = repo.model(role, last_position=("logits",))
         self.decoder = Decoder(model, merged="use_cache_branch" in model.inputs)
         if not self.decoder.positions:
             warn_exact(repo.source)
