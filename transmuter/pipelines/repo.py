@@ -88,8 +88,7 @@ class Repo:
         if self._models:
             raise InputError(
                 f"{self.source}: {sorted({role for role, _ in self._models})} already loaded on "
-                "one device; shard the "
-                "repo before a pipeline loads its models"
+                "one device; shard the repo before a pipeline loads its models"
             )
         self._load_options = {"mesh": mesh, "model_axis": model_axis}
 
