@@ -389,8 +389,9 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
             length = np.int32(len(prompt))
             logits, state["context"] = self._start(params, encoder_inputs, ids, length)
             return _chosen(
-                logits, state["seen"], jnp.int32(0), keys, sampling, max_new_tokens == 1, ids,
-                length, _device(running), rules=rules, no_repeat=no_repeat,
+                logits, state["seen"], jnp.int32(0), keys, sampling, max_new_tokens == 1,
+                ids if no_repeat else None, length, _device(running), rules=rules,
+                no_repeat=no_repeat,
             )  # fmt: skip
 
         def step(token, index, order=None, running=None):
@@ -405,8 +406,8 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
             )
             return _chosen(
                 logits, state["seen"], jnp.int32(index), keys, sampling,
-                index == max_new_tokens - 1, state["ids"], np.int32(length), _device(running),
-                rules=rules, no_repeat=no_repeat,
+                index == max_new_tokens - 1, state["ids"] if no_repeat else None,
+                np.int32(length), _device(running), rules=rules, no_repeat=no_repeat,
             )  # fmt: skip
 
         with jax.enable_x64(True):  # the graph's int64 inputs stay int64 inside the programs
