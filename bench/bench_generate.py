@@ -2,11 +2,14 @@
 pipeline against ONNX Runtime running the same export in a hand-written loop.
 
     python bench/bench_generate.py [--tokens 200] [--batches 1 8]
+    python bench/bench_generate.py --seq2seq-only --whisper bench/.cache/whisper-tiny --tokens 40 --batches 1
 
 Models: the tiny GPT-2 (decoder_model_merged.onnx) and Llama (model.onnx, grouped-query
 attention) repos of tests/fixtures/make_pipelines.py; then its encoder-decoder repos (T5, BART,
 Whisper), Transmuter alone (cold, warm and programs: their generation_config's forced and
-suppressed tokens are not in a hand-written ONNX Runtime loop). Each run generates exactly `--tokens`
+suppressed tokens are not in a hand-written ONNX Runtime loop; `--whisper PATH` runs a Whisper
+repo of that layout instead, such as bench/make_whisper_tiny.py's 30-second Whisper-tiny-sized
+one, on 3 s of noise padded to its 30 s). Each run generates exactly `--tokens`
 new tokens (no end of sequence) from prompts of different lengths (left-padded), timed twice:
 cold (compiling included) and warm (the same call again). ONNX Runtime (CPUExecutionProvider,
 default optimizations) runs prefill and then one step per token with the past growing by one,
@@ -69,21 +72,27 @@ def ort_generate(session, rows: list[list[int]], tokens: int, pad: int, on_token
     return np.stack(made, 1).tolist()
 
 
-def seq2seq(tokens: int, batches: list[int]) -> None:
-    """The encoder-decoder repos, each decoding: `tokens` new tokens per row (no end of
-    sequence before)."""
+def seq2seq(
+    tokens: int, batches: list[int], repos: dict[str, tuple[Path, str]], beams: int | None
+) -> None:
+    """The encoder-decoder `repos` ({name: (path, task)}), each decoding: `tokens` new tokens
+    per row (no end of sequence before), with `beams` beams (None: the pipeline's default,
+    which is 5 for speech recognition, as transformers' pipeline decodes Whisper)."""
     from transmuter.pipelines.audio.features import log_mel
 
     print("\nencoder-decoder, Transmuter alone")
-    print("model    decoding batch tokens  cold s  warm tok/s  programs")
+    print(
+        "model    decoding batch tokens  cold s  warm s  warm tok/s  programs  (warm: median of 3)"
+    )
     texts = ["Hello world", "A tiny model writes tiny texts", "Translate this"]
-    for name, task in SEQ2SEQ.items():
+    for name, (path, task) in repos.items():
         for decoding in DECODINGS:
-            generate = transmuter.pipeline(task, REPOS / name, decoding=decoding)
+            options = {} if beams is None else {"num_beams": beams}
+            generate = transmuter.pipeline(task, path, decoding=decoding, **options)
             limit = generate.decoder.positions or tokens + 8
             for batch in batches:
                 before = generate.programs
-                if name == "whisper":
+                if task == "automatic-speech-recognition":
                     rng = np.random.default_rng(0)
                     waves = [
                         rng.standard_normal(16000 * 3).astype(np.float32) for _ in range(batch)
@@ -94,10 +103,10 @@ def seq2seq(tokens: int, batches: list[int]) -> None:
                 count = min(tokens, limit - 4)  # Whisper's prompt is 4 tokens
                 options = dict(max_new_tokens=count, min_new_tokens=count)
                 _, cold = timed(generate.generate, inputs, **options)
-                _, warm = timed(generate.generate, inputs, **options)
+                warm = np.median([timed(generate.generate, inputs, **options)[1] for _ in range(3)])
                 print(
-                    f"{name:8} {decoding:8} {batch:5} {count:6}  {cold:6.2f}  "
-                    f"{batch * count / warm:10.0f}  {generate.programs - before:8}"
+                    f"{name:8} {decoding:8} {batch:5} {count:6}  {cold:6.2f}  {warm:6.2f}  "
+                    f"{batch * count / warm:10.1f}  {generate.programs - before:8}"
                 )
 
 
@@ -111,7 +120,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--seq2seq-only", action="store_true", help="skip GPT-2 and Llama")
+    parser.add_argument("--whisper", type=Path, help="a Whisper repo in place of the fixtures")
+    parser.add_argument("--beams", type=int, help="num_beams (default: each pipeline's own)")
     args = parser.parse_args()
+    repos = {name: (REPOS / name, task) for name, task in SEQ2SEQ.items()}
+    if args.whisper:
+        repos = {args.whisper.name: (args.whisper, "automatic-speech-recognition")}
+    if args.seq2seq_only:
+        seq2seq(args.tokens, args.batches, repos, args.beams)
+        return
     print(f"greedy, {args.tokens} new tokens per row; tokens/s counts every row's tokens")
     header = "model  batch tokens  transmuter cold  warm tok/s  programs  ORT tok/s  warm/ORT  same"
     print(header)
@@ -138,7 +156,7 @@ def main() -> None:
                 f"{name:6} {batch:5} {tokens:6}  {cold:13.2f} s  {total / warm:10.0f}  {programs:8}  "
                 f"{total / ort_time:9.0f}  {ort_time / warm:8.2f}  {got == want}"
             )
-    seq2seq(args.tokens, args.batches)
+    seq2seq(args.tokens, args.batches, repos, args.beams)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from transmuter.errors import (
 from transmuter.frontend import hub, load_model
 from transmuter.frontend.saver import Origin, save_model
 from transmuter.ir.compute_type import COMPUTE_TYPES, runs_half_in_float32, with_compute_type
+from transmuter.ir.last_position import at_position as at_chosen_position
 from transmuter.ir.last_position import last_position as at_last_position
+from transmuter.ir.split import split as split_graph
 from transmuter.runtime import CompiledModel, Model, run, sharding, xla_options
 from transmuter.runtime.disk_cache import use_persistent_cache
 from transmuter.runtime.export import ExportError, derived_constraints, export, write_export
@@ -59,6 +61,7 @@ __all__ = [
     "pipeline",
     "run",
     "save",
+    "split",
     "telemetry",
     "use_persistent_cache",
     "write_export",
@@ -89,6 +92,7 @@ def load(
     param_sharding: Mapping[str, jax.sharding.PartitionSpec] | None = None,
     optimize: bool | Sequence[str] = True,
     last_position: Sequence[str] = (),
+    at_position: Mapping[str, str] | None = None,
 ) -> Model:
     """Load an ONNX model from a path, bytes, `onnx.ModelProto`, or the Hugging Face Hub:
     `"hf://org/repo/path/model.onnx"` or `("hf", "org/repo", "path/model.onnx")`, at `revision`
@@ -119,7 +123,8 @@ def load(
     last_position: outputs (of rank 2 or more) computed at their last position only, on the
     axis before the last (size 1 there): a language model's logits [batch, 1, vocabulary] where
     generation reads the last token's. A last MatMul then multiplies that position's row only
-    (transmuter/ir/last_position.py).
+    (transmuter/ir/last_position.py). at_position: {output: input} the same at a position chosen
+    at run time, given to the new int64 input [1] `input` (negative counts from the end).
     """
     if compute_type is not None and compute_type not in COMPUTE_TYPES:
         raise TransmuterError(
@@ -134,6 +139,8 @@ def load(
         graph = load_model(source)
         if last_position:
             graph = at_last_position(graph, last_position)
+        if at_position:
+            graph = at_chosen_position(graph, at_position)
         if compute_type is not None:
             graph = with_compute_type(graph, compute_type)
         elif runs_half_in_float32(graph):
@@ -243,6 +250,16 @@ def jit(fun=None, /, **jit_kwargs):
     if fun is None:
         return lambda f: jit(f, **jit_kwargs)
     return xla_options.Jitted(fun, jit_kwargs)
+
+
+def split(model: Model, invariant: Sequence[str]) -> tuple[Model, Model]:
+    """(head, tail) of `model` at inputs that stay the same over many calls (a decoder's steps
+    over one encoder's states): head takes the `invariant` inputs and returns the values computed
+    from their data that the rest of the graph reads; tail takes the other inputs and those
+    values, and returns the model's outputs. Run head once and tail per call; both run on
+    `model`'s arrays (transmuter/ir/split.py)."""
+    head, tail = split_graph(model.ir, invariant)
+    return model.part(head, f"{model.source} (head)"), model.part(tail, f"{model.source} (tail)")
 
 
 def save(

@@ -1,8 +1,8 @@
-"""`transmuter.load(..., last_position=[...])` (transmuter/ir/last_position.py): graphs built
-with onnx.helper in the shapes decoders end with (Optimum's and transformers.js's: a last
-MatMul, BART's bias after it, the merged decoders' If), each run by ONNX Runtime whole and
-compared at its last position; the edit is checked on the node list (the MatMul reads one row,
-or a Gather follows where it cannot)."""
+"""`transmuter.load(..., last_position=[...])` and `at_position={...}` (transmuter/ir/
+last_position.py): graphs built with onnx.helper in the shapes decoders end with (Optimum's and
+transformers.js's: a last MatMul, BART's bias after it, the merged decoders' If), each run by
+ONNX Runtime whole and compared at its last position (or the one chosen at run time); the edit
+is checked on the node list (the MatMul reads one row, or a Gather follows where it cannot)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,20 @@ def _at_last_position(proto, feed, names=("logits",)):
     return model.ir.graph
 
 
+def _at_chosen_positions(proto, feed, positions=(0, 3, -1)):
+    """The model loaded with its logits at the position of a new input, checked against ONNX
+    Runtime's whole logits at each of `positions`; returns the loaded graph."""
+    model = transmuter.load(proto, at_position={"logits": "position"}, optimize=False)
+    assert model.input_specs["position"].shape == (1,)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits = want.run(["logits"], feed)[0]
+    for position in positions:
+        got = transmuter.run(model, {**feed, "position": np.array([position], np.int64)})
+        expected = logits[:, position : position + 1 or None]
+        np.testing.assert_allclose(np.asarray(got["logits"]), expected, rtol=1e-5, atol=1e-6)
+    return model.ir.graph
+
+
 def _reads_one_row(graph) -> bool:
     matmul = next(n for n in graph.nodes if n.op_type == "MatMul")
     gather = next((n for n in graph.nodes if n.outputs == (matmul.inputs[0],)), None)
@@ -94,6 +108,32 @@ def test_each_branch_of_a_merged_decoders_if_is_edited():
         graph = _at_last_position(proto, {"h": HIDDEN_STATES, "cond": np.array([cond])})
     edited = next(n for n in graph.nodes if n.op_type == "If")
     assert all(_reads_one_row(edited.attrs[b]) for b in ("then_branch", "else_branch"))
+    # A position chosen at run time, which each branch reads from the outer graph's input.
+    for cond in (True, False):
+        graph = _at_chosen_positions(proto, {"h": HIDDEN_STATES, "cond": np.array([cond])})
+    edited = next(n for n in graph.nodes if n.op_type == "If")
+    assert all(_reads_one_row(edited.attrs[b]) for b in ("then_branch", "else_branch"))
+
+
+def test_a_position_chosen_at_run_time_multiplies_that_row_only():
+    # seq2seq's padded decoding: the last real position of a right-padded sequence.
+    bias = ("bias", RNG.standard_normal((1, VOCAB)).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["h", "table"], ["product"]),
+        helper.make_node("Add", ["bias", "product"], ["logits"]),
+    ]
+    proto = _model(nodes, LOGITS, [TABLE, bias])
+    assert _reads_one_row(_at_chosen_positions(proto, {"h": HIDDEN_STATES}))
+    softmax = _model(
+        [
+            helper.make_node("MatMul", ["h", "table"], ["product"]),
+            helper.make_node("Softmax", ["product"], ["logits"], axis=-1),
+        ],
+        LOGITS,
+        [TABLE],
+    )
+    graph = _at_chosen_positions(softmax, {"h": HIDDEN_STATES})  # the fallback: a Gather after
+    assert next(n for n in graph.nodes if n.outputs == ("logits",)).inputs[1] == "position"
 
 
 @pytest.mark.parametrize(
@@ -139,3 +179,7 @@ def test_what_cannot_be_edited_is_refused_by_name():
     )
     with pytest.raises(InputError, match="also read inside the graph"):
         transmuter.load(read, last_position=["logits"])
+    with pytest.raises(InputError, match="input 'h' is already a name in the graph"):
+        transmuter.load(proto, at_position={"logits": "h"})
+    with pytest.raises(InputError, match="at_position names 'scores', which is not an output"):
+        transmuter.load(proto, at_position={"scores": "position"})

@@ -1,5 +1,7 @@
-"""Outputs computed at their last position only: the edit behind `transmuter.load(...,
-last_position=[...])`, for generation, which reads the logits of a sequence's last position.
+"""Outputs computed at one position only: the edits behind `transmuter.load(...,
+last_position=[...])` and `transmuter.load(..., at_position={...})`, for generation, which
+reads the logits of one position of a sequence (the last, or, where a decoder runs on a padded
+sequence, the last real one).
 
 A prefill of a language model computes its vocabulary product for every position of the
 prompt and keeps one row, and XLA does not move a slice of a dot's result onto its operand:
@@ -13,6 +15,10 @@ ops that treat each row alone (`common.UNARY`; Add, Sub, Mul or Div with a const
 as BART's final_logits_bias), the last position is taken from the MatMul's first operand; an
 If's output is edited so in each branch. Anywhere else a Gather of the last position follows
 the output's producer: the same answer, nothing saved.
+
+`at_position(model, {output: input})` is the same edit with the index chosen at run time: each
+output at the position given by a new int64 input [1] (negative counts from the end), the
+row a padded decoding reads (seq2seq's "padded": the sequence so far, right-padded to a bucket).
 """
 
 from __future__ import annotations
@@ -31,40 +37,64 @@ _ROW_WISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
 
 def last_position(model: Model, names: Sequence[str]) -> Model:
     """`model` with each output of `names` at its last position only (see the module)."""
+    return _at_positions(model, dict.fromkeys(names), "last_position")
+
+
+def at_position(model: Model, inputs: Mapping[str, str]) -> Model:
+    """`model` with each output named in `inputs` at the position the new input it maps to
+    gives at run time (int64 [1], an index on the output's axis before the last)."""
+    taken = Names(model.graph).taken
+    for index in set(inputs.values()):
+        if index in taken:
+            raise InputError(
+                f"at_position's input {index!r} is already a name in the graph; choose a new one"
+            )
+    edited = _at_positions(model, dict(inputs), "at_position")
+    position = TensorType(np.dtype(np.int64), (1,))
+    new = [ValueInfo(index, position) for index in dict.fromkeys(inputs.values())]
+    graph = dataclasses.replace(edited.graph, inputs=[*edited.graph.inputs, *new])
+    return dataclasses.replace(edited, graph=graph)
+
+
+def _at_positions(model: Model, indices: Mapping[str, str | None], option: str) -> Model:
+    """`model` with each output of `indices` at the position its index input gives (None: the
+    last), checked as `option` names them."""
     declared = {v.name: v.type for v in model.graph.outputs}
     graph = model.graph
-    for name in names:
+    for name, index in indices.items():
         if name not in declared:
             raise InputError(
-                f"last_position names {name!r}, which is not an output; the outputs are "
-                f"{list(declared)}"
+                f"{option} names {name!r}, which is not an output; the outputs are {list(declared)}"
             )
         kind = declared[name]
         if not isinstance(kind, TensorType) or kind.shape is None or len(kind.shape) < 2:
             raise InputError(
-                f"last_position needs outputs of known rank 2 or more (their last position is "
-                f"on the axis before the last); {name!r} is declared {kind}"
+                f"{option} needs outputs of known rank 2 or more (their positions are on the "
+                f"axis before the last); {name!r} is declared {kind}"
             )
         if name not in producers(graph) or use_counts(graph)[name] > 1:
             raise InputError(
-                f"last_position: {name!r} is not made by a node, or is also read inside the "
+                f"{option}: {name!r} is not made by a node, or is also read inside the "
                 "graph, whose other readers need every position"
             )
-        graph = _edited(graph, name, len(kind.shape), {})
+        graph = _edited(graph, name, len(kind.shape), {}, index)
     return dataclasses.replace(model, graph=graph)
 
 
-def _edited(graph: Graph, output: str, rank: int, outer: Mapping[str, tuple]) -> Graph | None:
-    """`graph` with its output `output` (of rank `rank`) at the last position; `outer`: the
-    shapes of the constants of the graphs around it. None where `output` is made by no node or
-    is read by one (in an If's branch: the If's output is then taken whole)."""
+def _edited(
+    graph: Graph, output: str, rank: int, outer: Mapping[str, tuple], index: str | None
+) -> Graph | None:
+    """`graph` with its output `output` (of rank `rank`) at the position of the input `index`
+    (None: the last); `outer`: the shapes of the constants of the graphs around it. None where
+    `output` is made by no node or is read by one (in an If's branch: the If's output is then
+    taken whole)."""
     constants = {**outer, **{n: a.shape for n, a in graph.initializers.items()}}
     made = producers(graph)
     node = made.get(output)
     if node is None or use_counts(graph)[output] > 1:
         return None
     if node.op_type == "If" and node.domain == "":
-        edited = _edited_if(graph, node, output, rank, constants)
+        edited = _edited_if(graph, node, output, rank, constants, index)
         if edited is not None:
             return edited
     rows = None if node.op_type == "If" else _row_chain(graph, output, rank, made, constants)
@@ -72,14 +102,14 @@ def _edited(graph: Graph, output: str, rank: int, outer: Mapping[str, tuple]) ->
     if rows is None:  # the fallback: the whole output, then its last position
         whole = names.fresh(output, "every_position")
         nodes = [_renamed_output(n, output, whole) if n is node else n for n in graph.nodes]
-        nodes += _last_of(whole, output, rank, names)
+        nodes += _position_of(whole, output, rank, names, index)
         dropped = set()
     else:
         matmul, chain = rows
-        last = names.fresh(matmul.inputs[0], "last_position")
-        gather = _last_of(matmul.inputs[0], last, rank, names)
+        row = names.fresh(matmul.inputs[0], "position")
+        gather = _position_of(matmul.inputs[0], row, rank, names, index)
         edited = Node(
-            "MatMul", "", (last, matmul.inputs[1]), matmul.outputs, matmul.attrs, matmul.name
+            "MatMul", "", (row, matmul.inputs[1]), matmul.outputs, matmul.attrs, matmul.name
         )
         nodes = []
         for n in graph.nodes:
@@ -88,28 +118,33 @@ def _edited(graph: Graph, output: str, rank: int, outer: Mapping[str, tuple]) ->
     return dataclasses.replace(
         graph,
         nodes=nodes,
-        outputs=[_at_last_position(v, rank) if v.name == output else v for v in graph.outputs],
+        outputs=[_at_one_position(v, rank) if v.name == output else v for v in graph.outputs],
         value_info={k: v for k, v in graph.value_info.items() if k not in dropped},
     )
 
 
 def _edited_if(
-    graph: Graph, node: Node, output: str, rank: int, constants: Mapping[str, tuple]
+    graph: Graph,
+    node: Node,
+    output: str,
+    rank: int,
+    constants: Mapping[str, tuple],
+    index: str | None,
 ) -> Graph | None:
-    """`graph` with the If `node`'s `output` at its last position in both branches, or None
-    where a branch cannot be edited."""
-    index = node.outputs.index(output)
+    """`graph` with the If `node`'s `output` at the position of `index` in both branches (which
+    read an outer `index` by its name), or None where a branch cannot be edited."""
+    which = node.outputs.index(output)
     attrs = dict(node.attrs)
     for branch in ("then_branch", "else_branch"):
         body = attrs[branch]
-        attrs[branch] = _edited(body, body.outputs[index].name, rank, constants)
+        attrs[branch] = _edited(body, body.outputs[which].name, rank, constants, index)
         if attrs[branch] is None:
             return None
     edited = Node(node.op_type, node.domain, node.inputs, node.outputs, attrs, node.name)
     return dataclasses.replace(
         graph,
         nodes=[edited if n is node else n for n in graph.nodes],
-        outputs=[_at_last_position(v, rank) if v.name == output else v for v in graph.outputs],
+        outputs=[_at_one_position(v, rank) if v.name == output else v for v in graph.outputs],
         value_info={k: v for k, v in graph.value_info.items() if k != output},
     )
 
@@ -163,12 +198,17 @@ def _row_operand(node: Node, constants: Mapping[str, tuple], rank: int) -> str |
     return None
 
 
-def _last_of(source: str, target: str, rank: int, names: Names) -> list[Node]:
-    """Nodes making `target`: `source`'s last position on its axis `rank` - 2, kept (size 1)."""
-    index = names.fresh(target, "index")
+def _position_of(
+    source: str, target: str, rank: int, names: Names, index: str | None
+) -> list[Node]:
+    """Nodes making `target`: `source` at the position of the input `index` (None: the last)
+    on its axis `rank` - 2, kept (size 1)."""
+    if index is not None:
+        return [Node("Gather", "", (source, index), (target,), {"axis": rank - 2})]
+    last = names.fresh(target, "index")
     return [
-        Node("Constant", "", (), (index,), {"value": np.array([-1], np.int64)}),
-        Node("Gather", "", (source, index), (target,), {"axis": rank - 2}),
+        Node("Constant", "", (), (last,), {"value": np.array([-1], np.int64)}),
+        Node("Gather", "", (source, last), (target,), {"axis": rank - 2}),
     ]
 
 
@@ -177,7 +217,7 @@ def _renamed_output(node: Node, old: str, new: str) -> Node:
     return Node(node.op_type, node.domain, node.inputs, outputs, node.attrs, node.name)
 
 
-def _at_last_position(info: ValueInfo, rank: int) -> ValueInfo:
+def _at_one_position(info: ValueInfo, rank: int) -> ValueInfo:
     kind = info.type
     if not isinstance(kind, TensorType) or kind.shape is None or len(kind.shape) != rank:
         return info

@@ -75,10 +75,8 @@ class Repo:
     pooling: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
     found: list[str] = field(default_factory=list)  # every file found, for error messages
-    # By role and the outputs loaded at their last position only.
-    _models: dict[tuple[str, tuple[str, ...]], transmuter.Model] = field(
-        default_factory=dict, repr=False
-    )
+    # By role and the outputs loaded at one position only (`model`'s options).
+    _models: dict[tuple, transmuter.Model] = field(default_factory=dict, repr=False)
     _load_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def shard(self, mesh: Any, model_axis: str | None = None) -> None:
@@ -87,22 +85,31 @@ class Repo:
         adding the collectives. Placement happens as a model is read, so before any is."""
         if self._models:
             raise InputError(
-                f"{self.source}: {sorted({role for role, _ in self._models})} already loaded on "
+                f"{self.source}: {sorted({key[0] for key in self._models})} already loaded on "
                 "one device; shard the repo before a pipeline loads its models"
             )
         self._load_options = {"mesh": mesh, "model_axis": model_axis}
 
-    def model(self, role: str, *, last_position: tuple[str, ...] = ()) -> transmuter.Model:
-        """The ONNX file of `role`, loaded once (for each `last_position`: the outputs
-        `transmuter.load` computes at their last position only)."""
+    def model(
+        self,
+        role: str,
+        *,
+        last_position: tuple[str, ...] = (),
+        at_position: tuple[tuple[str, str], ...] = (),
+    ) -> transmuter.Model:
+        """The ONNX file of `role`, loaded once for each `last_position` and `at_position`
+        (`transmuter.load`'s: outputs computed at one position only; (output, input) pairs)."""
         if role not in self.onnx:
             raise ModelLoadError(
                 f"{self.source} has no {ROLES.get(role, role)}.onnx; found {self.found}"
             )
-        key = (role, last_position)
+        key = (role, last_position, at_position)
         if key not in self._models:
             self._models[key] = transmuter.load(
-                self.onnx[role], last_position=last_position, **self._load_options
+                self.onnx[role],
+                last_position=last_position,
+                at_position=dict(at_position),
+                **self._load_options,
             )
         return self._models[key]
 

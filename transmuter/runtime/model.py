@@ -90,6 +90,17 @@ class Model:
         # Inputs that index a table of known size: checked per call (check_inputs).
         self.index_ranges: dict[str, list[IndexRange]] = index_ranges(graph)
 
+    def part(self, model: ir.Model, source: str) -> Model:
+        """A model of `model`, part of this one's graph (`transmuter.split`'s head or tail),
+        running on this one's device arrays as they are placed (nothing copied)."""
+        placed = {**self.params, **self.device_constants}
+        return Model(
+            model,
+            trainable=self.trainable,
+            source=source,
+            place=lambda name, array: placed[name] if name in placed else to_device(array),
+        )
+
     @functools.cached_property
     def fingerprint(self) -> str:
         """A digest of what a trace of this model depends on besides its arguments (the graph,

@@ -21,11 +21,12 @@ of compiling on a tiny GPT-2 decoder. It costs one dispatch more per token.
 (decoder_model.onnx, or decoder_model_merged.onnx's no-past branch) on the whole sequence so
 far, right-padded to a power of two from 16 (at most the position table), and reads the logits
 at the last real position: self-attention is causal, so the padding after a position changes
-nothing at it. A program per (batch, encoder length, bucket), 4 for 40 tokens; each step
-recomputes the sequence, the cross-attention's keys and values and every position's logits,
-so steps cost more and more as the sequence grows (bench/README.md, "Encoder-decoder
-generation": at 40 tokens on a model of Whisper tiny's size, the first generation about 8x
-faster, later ones 3x slower).
+nothing at it. The decoder is loaded with `at_position`, so its vocabulary product covers that
+one row, and split (`transmuter.split`) at the encoder's states and mask: what it computes
+from them alone (the cross-attention's keys and values) is computed by the first step and read
+by the later ones. A program per (batch, encoder length, bucket), 4 for 40 tokens; each step
+recomputes the sequence's own layers, so steps cost more as the sequence grows
+(bench/README.md, "Encoder-decoder generation").
 
 Every row's decoder has the same length, and text inputs are padded to a multiple of 8 (masked
 by `encoder_attention_mask`), so a later generation of up to as many tokens compiles nothing.
@@ -72,6 +73,7 @@ from transmuter.pipelines.repo import Repo
 from transmuter.pipelines.shapes import ProgramBudget, pow2
 
 ENCODER_BUCKET = 8  # text inputs pad to a multiple of this many tokens
+_POSITION = "logits_position"  # padded decoding: the decoder's input choosing its logits' row
 MIN_DECODER_BUCKET = 16  # padded decoding: the sequence pads to a power of two, at least this
 _PAST = "past_key_values."
 
@@ -318,10 +320,12 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
 
     def __init__(self, repo: Repo, task: str):
         super().__init__(repo)
-        if "decoder_merged" in repo.onnx:
-            self.decoder = repo.model("decoder_merged")
-        elif "decoder" in repo.onnx:
-            self.decoder = repo.model("decoder")
+        # decoder_model.onnx first: a merged decoder computes the cross-attention inside its
+        # If, which `transmuter.split` leaves to every step.
+        role = next((r for r in ("decoder", "decoder_merged") if r in repo.onnx), None)
+        if role is not None:
+            # The logits at the position each step reads only: one row by the vocabulary.
+            self.decoder = repo.model(role, at_position=(("logits", _POSITION),))
         else:
             raise ModelLoadError(
                 f"{repo.source}: {task} needs encoder_model.onnx with decoder_model_merged.onnx "
@@ -339,21 +343,29 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         pasts = [n for n in names if n.startswith(_PAST)] if self.merged else []
         self.past_shapes = {n: past_shape(self.decoder, n) for n in pasts}
         self.masked = "encoder_attention_mask" in names
+        # What the decoder computes from the encoder's states and mask (the cross-attention's
+        # keys and values), computed once by the first step: later steps read it.
+        encoder_side = [
+            n for n in ("encoder_hidden_states", "encoder_attention_mask") if n in names
+        ]
+        self.head, self.tail = transmuter.split(self.decoder, encoder_side)
         self._start = transmuter.jit(self._start_step)
         self._next = transmuter.jit(self._next_step)
 
     # --- the steps (traced) ----------------------------------------------------------------
 
     def _start_step(self, params, encoder_inputs, ids, length):
-        """Encode, then the logits after the prompt `ids[:, :length]`, and the encoder's
-        states and mask that every later step reads."""
+        """Encode, then the logits after the prompt `ids[:, :length]`, and what every later
+        step reads of the encoder's side: the decoder's head's outputs (its tail's inputs)."""
         self.programs += 1
-        encoder_params, decoder_params = params
+        encoder_params, head_params, tail_params = params
         hidden = transmuter.run(self.encoder, encoder_inputs, params=encoder_params)
-        context = {"encoder_hidden_states": hidden["last_hidden_state"]}
+        encoded = {"encoder_hidden_states": hidden["last_hidden_state"]}
         if self.masked:
-            context["encoder_attention_mask"] = encoder_inputs.get("attention_mask")
-        return self._logits(decoder_params, ids, length, context), context
+            encoded["encoder_attention_mask"] = encoder_inputs.get("attention_mask")
+        head = transmuter.run(self.head, _only(encoded, self.head), params=head_params)
+        context = {k: v for k, v in {**encoded, **head}.items() if k in self.tail.inputs}
+        return self._logits(tail_params, ids, length, context), context
 
     def _next_step(self, params, ids, length, context):
         """The logits after `ids[:, :length]`."""
@@ -367,8 +379,9 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
             for name, ((heads, size), dtype) in self.past_shapes.items():
                 inputs[name] = jnp.zeros((batch, heads, 0, size), dtype)
             inputs["use_cache_branch"] = self._branch[False]
-        logits = transmuter.run(self.decoder, inputs, params=params)["logits"]
-        return jax.lax.dynamic_index_in_dim(logits, length - 1, axis=1, keepdims=False)
+        inputs[_POSITION] = jnp.reshape(length - 1, (1,)).astype(jnp.int64)
+        out = transmuter.run(self.tail, _only(inputs, self.tail), params=params)
+        return out["logits"][:, 0]
 
     # --- the loop (host) -------------------------------------------------------------------
 
@@ -385,7 +398,7 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
         state = {"ids": ids, "seen": seen}
 
         def first(running=None):
-            params = (self.encoder.params, self.decoder.params)
+            params = (self.encoder.params, self.head.params, self.tail.params)
             length = np.int32(len(prompt))
             logits, state["context"] = self._start(params, encoder_inputs, ids, length)
             return _chosen(
@@ -401,9 +414,7 @@ class PaddedSeq2SeqDecoder(_EncoderDecoder):
                 state["seen"] = jnp.take(state["seen"], jnp.asarray(order), axis=0)
             state["seen"] = mark_seen(state["seen"], jnp.asarray(token))
             state["ids"] = self._appended(state["ids"], length - 1, np.asarray(token))
-            logits = self._next(
-                self.decoder.params, state["ids"], np.int32(length), state["context"]
-            )
+            logits = self._next(self.tail.params, state["ids"], np.int32(length), state["context"])
             return _chosen(
                 logits, state["seen"], jnp.int32(index), keys, sampling,
                 index == max_new_tokens - 1, state["ids"] if no_repeat else None,
