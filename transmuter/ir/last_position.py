@@ -99,7 +99,7 @@ def _edited(
             return edited
     rows = None if node.op_type == "If" else _row_chain(graph, output, rank, made, constants)
     names = Names(graph)
-    if rows is None:  # the fallback: the whole output, then its last position
+    if rows is None:  # the fallback: the whole output, then its position
         whole = names.fresh(output, "every_position")
         nodes = [_renamed_output(n, output, whole) if n is node else n for n in graph.nodes]
         nodes += _position_of(whole, output, rank, names, index)
