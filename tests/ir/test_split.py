@@ -120,6 +120,8 @@ def test_subgraphs_and_random_draws_stay_in_tail():
         helper.make_node("Cast", ["smallest"], ["all_real"], to=T.BOOL),
         helper.make_node("If", ["all_real"], ["chosen"], then_branch=then, else_branch=other),
         helper.make_node("RandomUniformLike", ["states"], ["noise"], seed=1.0),
+        # A draw nothing reads still advances the call's key stream, as the load's DCE keeps it.
+        helper.make_node("RandomNormalLike", ["hidden"], ["unread"], seed=2.0),
     ]
     outputs = [
         helper.make_tensor_value_info("chosen", T.FLOAT, None),
@@ -127,7 +129,7 @@ def test_subgraphs_and_random_draws_stay_in_tail():
     ]
     head, tail = transmuter.split(transmuter.load(_decoder(nodes, outputs)), ["states", "mask"])
     tail_ops = {n.op_type for n in tail.ir.graph.nodes}
-    assert {"If", "RandomUniformLike"} <= tail_ops
+    assert {"If", "RandomUniformLike", "RandomNormalLike"} <= tail_ops
     assert "states" in tail.inputs  # the branch reads it
     assert "all_real" in head.outputs  # the If's condition is the mask's data
     encoder = _encoder_inputs()

@@ -21,11 +21,12 @@ call) stay in tail.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from transmuter.errors import InputError
-from transmuter.ir.graph import Graph, Model, Node, ValueInfo, subgraphs
-from transmuter.ir.passes.common import RANDOM_OPS
+from transmuter.ir.graph import Model, Node, ValueInfo, subgraphs
+from transmuter.ir.passes import dce
+from transmuter.ir.passes.common import Context, use_counts
 
 # Ops whose outputs depend on their input's shape, never on its values.
 _SHAPE_ONLY = frozenset({"Shape", "Size"})
@@ -38,13 +39,14 @@ def split(model: Model, invariant: Sequence[str]) -> tuple[Model, Model]:
     unknown = [name for name in invariant if name not in inputs]
     if unknown:
         raise InputError(f"split: {unknown} are not inputs of the graph; its inputs are {inputs}")
+    random = Context().random
     available = {*invariant, *graph.initializers}
     data = set(invariant)
     head: list[Node] = []
     moved: list[Node] = []
     for node in graph.nodes:
         read = [name for name in node.inputs if name]
-        if subgraphs(node) or _random(node) or not all(name in available for name in read):
+        if subgraphs(node) or random(node) or not all(name in available for name in read):
             continue
         outputs = [name for name in node.outputs if name]
         available.update(outputs)
@@ -54,48 +56,26 @@ def split(model: Model, invariant: Sequence[str]) -> tuple[Model, Model]:
             moved.append(node)
     leaving = {id(node) for node in moved}
     rest = [node for node in graph.nodes if id(node) not in leaving]
-    needed = _reads(rest) | {v.name for v in graph.outputs}
-    frontier = [name for node in moved for name in node.outputs if name in needed]
+    needed = use_counts(dataclasses.replace(graph, nodes=rest))
+    frontier = [name for node in moved for name in node.outputs if needed[name]]
     types = {v.name: v for v in (*graph.inputs, *graph.value_info.values())}
     declared = [types.get(name, ValueInfo(name, None)) for name in frontier]
-    head_graph = _subgraph(graph, head, [v for v in graph.inputs if v.name in invariant], declared)
-    tail_graph = _subgraph(graph, rest, [*graph.inputs, *declared], graph.outputs)
+    head_inputs = [v for v in graph.inputs if v.name in invariant]
     return (
-        dataclasses.replace(model, graph=head_graph),
-        dataclasses.replace(model, graph=tail_graph),
+        _part(model, head, head_inputs, declared),
+        _part(model, rest, [*graph.inputs, *declared], graph.outputs),
     )
 
 
-def _subgraph(
-    graph: Graph, nodes: list[Node], inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo]
-) -> Graph:
-    """`graph`'s `nodes` that `outputs` need, with the `inputs` and initializers they read."""
-    needed = {v.name for v in outputs}
-    kept: list[Node] = []
-    for node in reversed(nodes):
-        if any(name in needed for name in node.outputs):
-            kept.append(node)
-            needed |= _reads([node])
-    kept.reverse()
-    return dataclasses.replace(
-        graph,
-        nodes=kept,
-        inputs=[v for v in inputs if v.name in needed],
-        outputs=list(outputs),
-        initializers={k: a for k, a in graph.initializers.items() if k in needed},
-        value_info={k: v for k, v in graph.value_info.items() if k in needed},
+def _part(
+    model: Model, nodes: list[Node], inputs: Sequence[ValueInfo], outputs: Sequence[ValueInfo]
+) -> Model:
+    """`model` with the `nodes` that `outputs` need (dead-code elimination's rule: random draws
+    stay), and the `inputs` and initializers they read."""
+    graph = dataclasses.replace(
+        model.graph, nodes=nodes, inputs=list(inputs), outputs=list(outputs)
     )
-
-
-def _reads(nodes: Iterable[Node]) -> set[str]:
-    """The values `nodes` read, their subgraphs' outer reads included."""
-    read: set[str] = set()
-    for node in nodes:
-        read.update(name for name in node.inputs if name)
-        for sub in subgraphs(node):
-            read |= sub.outer_names
-    return read
-
-
-def _random(node: Node) -> bool:
-    return node.domain == "" and node.op_type in RANDOM_OPS
+    part = dce.run(dataclasses.replace(model, graph=graph), Context())
+    read = use_counts(part.graph)
+    graph = dataclasses.replace(part.graph, inputs=[v for v in part.graph.inputs if read[v.name]])
+    return dataclasses.replace(part, graph=graph)
